@@ -1,0 +1,258 @@
+"""Run the model in a thread and hand text pieces to asyncio as they are made.
+
+A forward pass takes tens of milliseconds of pure computation. Run on the event
+loop it would freeze every connection the server holds (no pings answered, no
+disconnects noticed), so each generation gets a thread. The thread hands each
+piece over with ``loop.call_soon_threadsafe`` (an ``asyncio.Queue`` is not
+thread-safe), and checks a stop flag before every token: that flag is how a
+server that notices a departed client stops spending compute on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from .detokenizer import Detokenizer, NaiveDetokenizer
+from .sampling import Sampler
+
+# Why a generation ended.
+EOS = "eos"
+MAX_TOKENS = "max_tokens"
+STOPPED = "stopped"
+ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text safe to send, with the clock time it was made and the token count so far."""
+
+    text: str
+    time: float
+    tokens: int
+
+
+@dataclass
+class GenerationResult:
+    tokens: int
+    stop_reason: str
+    text: str
+    error: str | None = None
+    prompt_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by ``fail_after`` so tests can watch a stream fail mid-way."""
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int]:
+    """Token ids for ``prompt``: wrapped in the model's chat template when it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(prompt)["input_ids"]]
+
+
+class Generation:
+    """One answer being generated: start it, iterate its pieces, stop it.
+
+    ``pauses`` maps a token count to seconds of silence after that token (for
+    the keep-alive experiments); ``fail_after`` raises an error after that many
+    tokens (for the errors-after-success experiments); ``token_delay`` adds a
+    fixed delay per token, standing in for a slower model.
+    """
+
+    def __init__(
+        self,
+        lm: Any,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_tokens: int = 100,
+        seed: int = 0,
+        top_p: float = 0.9,
+        temperature: float = 0.7,
+        repetition_penalty: float = 1.1,
+        chat: bool = True,
+        ignore_eos: bool = False,
+        naive_detokenizer: bool = False,
+        pauses: dict[int, float] | None = None,
+        fail_after: int | None = None,
+        token_delay: float = 0.0,
+        on_token: Callable[[int], None] | None = None,
+    ) -> None:
+        if prompt_ids is None:
+            if prompt is None:
+                raise ValueError("give a prompt or prompt_ids")
+            prompt_ids = encode_prompt(lm.tokenizer, prompt, chat=chat)
+        self.lm = lm
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = int(max_tokens)
+        self.sampler = Sampler(seed=seed, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty)
+        self.ignore_eos = ignore_eos
+        detok_cls = NaiveDetokenizer if naive_detokenizer else Detokenizer
+        self.detokenizer = detok_cls(lm.tokenizer, self.prompt_ids)
+        self.pauses = dict(pauses or {})
+        self.fail_after = fail_after
+        self.token_delay = token_delay
+        self.on_token = on_token
+        self._stop = threading.Event()
+        self.stop_source: str | None = None
+        self.result: GenerationResult | None = None
+        self.tokens = 0
+        self.token_ids: list[int] = []
+        self._queue: asyncio.Queue | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.done: asyncio.Event | None = None
+
+    # -- control -------------------------------------------------------------
+    def stop(self, source: str = "stopped") -> None:
+        """Ask the thread to stop before its next token (safe from any thread)."""
+        if self.stop_source is None:
+            self.stop_source = source
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
+        if self._thread is not None:
+            return self
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self.done = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="streamlab-generation", daemon=True)
+        self._thread.start()
+        return self
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Yield each piece as the thread makes it; ``self.result`` is set at the end."""
+        self.start()
+        assert self._queue is not None
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self.pieces()
+
+    async def wait(self) -> GenerationResult:
+        """Wait for the thread to finish (whether or not anyone reads the pieces)."""
+        self.start()
+        assert self.done is not None
+        await self.done.wait()
+        assert self.result is not None
+        return self.result
+
+    # -- the thread ----------------------------------------------------------
+    def _hand_over(self, item: Piece | None) -> None:
+        assert self._loop is not None and self._queue is not None
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is left to read
+            pass
+
+    def _finish(self) -> None:
+        assert self._loop is not None and self.done is not None
+        try:
+            self._loop.call_soon_threadsafe(self.done.set)
+        except RuntimeError:
+            pass
+
+    def _run(self) -> None:
+        import torch
+
+        lm = self.lm
+        eos = set() if self.ignore_eos else lm.eos_token_ids
+        texts: list[str] = []
+        times: list[float] = []
+        started = time.perf_counter()
+        reason, error = MAX_TOKENS, None
+        try:
+            past = None
+            inputs = torch.tensor([self.prompt_ids], dtype=torch.long, device=lm.device)
+            while self.tokens < self.max_tokens:
+                if self._stop.is_set():
+                    reason = STOPPED
+                    break
+                if self.fail_after is not None and self.tokens >= self.fail_after:
+                    raise InjectedFault(f"injected fault after {self.tokens} tokens")
+                with lm.lock, torch.inference_mode():
+                    out = lm.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = self.sampler(out.logits[0, -1], self.token_ids)
+                if token in eos:
+                    reason = EOS
+                    break
+                self.tokens += 1
+                self.token_ids.append(token)
+                if self.token_delay:
+                    time.sleep(self.token_delay)
+                now = time.perf_counter()
+                times.append(now)
+                if self.on_token is not None:
+                    self.on_token(self.tokens)
+                text = self.detokenizer.push(token)
+                if text:
+                    texts.append(text)
+                    self._hand_over(Piece(text, now, self.tokens))
+                pause = self.pauses.get(self.tokens)
+                if pause:
+                    self._stop.wait(pause)
+                inputs = torch.tensor([[token]], dtype=torch.long, device=lm.device)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
+            reason, error = ERROR, f"{type(exc).__name__}: {exc}"
+        tail = self.detokenizer.flush()
+        if tail:
+            texts.append(tail)
+            self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
+        self.result = GenerationResult(
+            tokens=self.tokens,
+            stop_reason=reason,
+            text="".join(texts),
+            error=error,
+            prompt_tokens=len(self.prompt_ids),
+            token_times=times,
+            started=started,
+            ended=time.perf_counter(),
+        )
+        self._hand_over(None)
+        self._finish()
+
+
+def generate_text(lm: Any, prompt: str, **kwargs: Any) -> GenerationResult:
+    """Generate a whole answer synchronously (scripts, notebooks, tests)."""
+
+    async def main() -> GenerationResult:
+        gen = Generation(lm, prompt, **kwargs)
+        async for _ in gen:
+            pass
+        return await gen.wait()
+
+    return run_sync(main())
+
+
+def run_sync(coro: Any) -> Any:
+    """``asyncio.run`` that also works inside Jupyter's already-running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import nest_asyncio
+
+    nest_asyncio.apply()
+    return asyncio.get_event_loop().run_until_complete(coro)

@@ -1,0 +1,739 @@
+"""HTTP/1.1, written out: message heads, bodies, chunked framing (RFC 9110/9112).
+
+An HTTP/1.1 message is a *head* (a start line and header lines, each ended
+by CRLF, then an empty line) followed by a *body*. The hard part is not the
+syntax but the framing: knowing where the head ends, where the body ends,
+and refusing input that two programs could read differently (the root of
+"request smuggling"). Every check below exists for one of those reasons.
+
+Like the other protocol modules this one never touches a socket. The
+asyncio server feeds ``RequestHeadParser`` the bytes it reads; the client
+and the proxy feed ``ResponseHeadParser`` and ``BodyReader``. All of them are
+tested with plain byte strings.
+
+Heads are decoded as ISO-8859-1 (latin-1): HTTP header bytes are octets,
+latin-1 maps each byte to exactly one character, so nothing is lost and no
+decoding error can occur.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+__all__ = [
+    "LAST_CHUNK",
+    "BodyReader",
+    "ChunkedDecoder",
+    "HTTPError",
+    "IncompleteBody",
+    "Request",
+    "RequestHeadParser",
+    "Response",
+    "ResponseHeadParser",
+    "encode_chunk",
+    "error_response",
+    "json_response",
+    "parse_request_head",
+    "parse_response_head",
+    "reason_phrase",
+    "response_head",
+]
+
+
+class HTTPError(Exception):
+    """Input we refuse, with the status a server should answer with.
+
+    Request-side problems carry 4xx/5xx codes meant for the client (400 bad
+    syntax, 413 body too large, 431 head too large, 501 unsupported
+    transfer coding, 505 unsupported version). A malformed *response* from
+    an upstream server is reported as 502 Bad Gateway, which is what a proxy
+    would answer its own client.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status} {message}")
+        self.status = status
+        self.message = message
+
+
+class IncompleteBody(Exception):
+    """The connection closed before the body its head announced was complete.
+
+    Without this check a truncated response is indistinguishable from a
+    short one.
+    """
+
+
+# token = 1*tchar: the characters allowed in methods and header names.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Control characters other than HTAB may not appear in a header value.
+_FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# The empty line that ends a head. CRLF is the standard; a bare LF is
+# accepted as RFC 9112 section 2.2 allows, so that hand-typed requests
+# (printf, netcat) work too.
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+# --------------------------------------------------------------------------
+# Heads: shared parts of requests and responses
+# --------------------------------------------------------------------------
+
+
+def _split_head_lines(head: bytes, bad_status: int) -> list[str]:
+    """Split a head into lines, refusing bytes that parsers disagree about.
+
+    A NUL or a CR that is not part of CRLF is read as a line ending by some
+    programs and as data by others. A proxy and a server that disagree about
+    where a header ends can be tricked into seeing two different requests,
+    so both are refused outright.
+    """
+    if b"\0" in head:
+        raise HTTPError(bad_status, "NUL byte in message head")
+    lines = head.decode("latin-1").split("\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    while lines and lines[-1] == "":
+        lines.pop()  # the empty line(s) that terminated the head
+    if any("\r" in line for line in lines):
+        raise HTTPError(bad_status, "bare CR in message head")
+    if not lines:
+        raise HTTPError(bad_status, "empty message head")
+    return lines
+
+
+def _parse_header_lines(
+    lines: list[str], *, max_headers: int, bad_status: int, too_many_status: int
+) -> list[tuple[str, str]]:
+    """Parse ``Name: value`` lines into ``(lowercased name, stripped value)`` pairs."""
+    if len(lines) > max_headers:
+        raise HTTPError(too_many_status, f"more than {max_headers} header fields")
+    headers = []
+    for line in lines:
+        if line[:1] in (" ", "\t"):
+            # Obsolete line folding: a continuation of the previous header.
+            # RFC 9112 lets a server reject it, and old proxies disagree on it.
+            raise HTTPError(bad_status, "obsolete line folding in header")
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise HTTPError(bad_status, f"header line without colon: {line[:40]!r}")
+        if not _TOKEN.fullmatch(name):
+            # Also catches "Name : value": whitespace before the colon has
+            # been used to smuggle a header past a proxy that strips it.
+            raise HTTPError(bad_status, f"invalid header name {name[:40]!r}")
+        value = value.strip(" \t")
+        if _FORBIDDEN_IN_VALUE.search(value):
+            raise HTTPError(bad_status, f"control character in header {name!r}")
+        headers.append((name.lower(), value))
+    return headers
+
+
+def _tokens(value: str | None) -> list[str]:
+    """The comma-separated tokens of a list header (``Connection``, ``Transfer-Encoding``)."""
+    if not value:
+        return []
+    return [token.strip().lower() for token in value.split(",") if token.strip()]
+
+
+class _HeaderAccess:
+    """Header lookups shared by ``Request`` and ``Response``."""
+
+    headers: list[tuple[str, str]]
+    version: str
+    _bad_status = 400  # what a malformed framing header is reported as
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """A header's value, case-insensitively; repeated fields are comma-joined.
+
+        Joining with ", " is what RFC 9110 section 5.3 says repeated fields
+        mean (except ``Set-Cookie``, which a request never carries).
+        """
+        values = self.header_values(name)
+        return ", ".join(values) if values else default
+
+    def header_values(self, name: str) -> list[str]:
+        """Every value of a header, in order, as received."""
+        name = name.lower()
+        return [value for key, value in self.headers if key == name]
+
+    def content_length(self) -> int | None:
+        """The body length declared by ``Content-Length``, or None.
+
+        Only digits are allowed (``int()`` would also accept "+5", " 5" or
+        "5_0"). Repeated or comma-listed values must all agree: two different
+        lengths are the classic request-smuggling trick, because a proxy may
+        believe the first and the server the last.
+        """
+        values = self.header_values("content-length")
+        if not values:
+            return None
+        lengths = set()
+        for value in values:
+            for part in value.split(","):
+                part = part.strip(" \t")
+                if not (part.isascii() and part.isdigit()):
+                    raise HTTPError(self._bad_status, f"invalid Content-Length {value!r}")
+                lengths.add(int(part))
+        if len(lengths) != 1:
+            raise HTTPError(self._bad_status, "conflicting Content-Length values")
+        return lengths.pop()
+
+    def keep_alive(self) -> bool:
+        """Whether the connection stays open after this message.
+
+        HTTP/1.1 keeps connections open unless told ``Connection: close``;
+        HTTP/1.0 closes them unless told ``Connection: keep-alive``.
+        """
+        tokens = _tokens(self.header("connection"))
+        if "close" in tokens:
+            return False
+        if self.version == "HTTP/1.1":
+            return True
+        return "keep-alive" in tokens
+
+
+class _HeadParser:
+    """Buffer bytes until the empty line that ends a head, within a size limit.
+
+    The limit is enforced while buffering, not after: a client that sends an
+    endless header line must be cut off once it passes ``max_head``, not when
+    (if ever) it finishes.
+    """
+
+    _bad_status = 400
+    _too_large_status = 431
+
+    def __init__(self, max_head: int, max_headers: int) -> None:
+        self.max_head = max_head
+        self.max_headers = max_headers
+        self.rest = b""  # bytes after the head: the start of the body
+        self._buffer = bytearray()
+        self._scanned = 0  # how far we already looked for the terminator
+        self._skipped = 0  # empty lines skipped before the start line
+        self._started = False
+        self._finished = False
+
+    def _feed_head(self, data: bytes) -> bytes | None:
+        if self._finished:
+            raise RuntimeError("head already parsed; the body starts with .rest")
+        self._buffer += data
+        if not self._started:
+            # RFC 9112 section 2.2: ignore empty lines before the start line
+            # (some clients send an extra CRLF after a POST body).
+            while self._buffer[:2] == b"\r\n" or self._buffer[:1] == b"\n":
+                cut = 2 if self._buffer[:1] == b"\r" else 1
+                del self._buffer[:cut]
+                self._skipped += cut
+            self._started = bool(self._buffer) and self._buffer != b"\r"
+        if not self._started:
+            if self._skipped > self.max_head:
+                raise HTTPError(self._too_large_status, "too many empty lines")
+            return None
+
+        # Search only the new bytes (plus 3 of the old ones, in case the
+        # terminator straddles two reads), so feeding byte by byte stays linear.
+        match = _HEAD_END.search(self._buffer, max(0, self._scanned - 3))
+        if match is None:
+            self._scanned = len(self._buffer)
+            if len(self._buffer) > self.max_head:
+                raise HTTPError(self._too_large_status, f"message head over {self.max_head} bytes")
+            return None
+        if match.end() > self.max_head:
+            raise HTTPError(self._too_large_status, f"message head over {self.max_head} bytes")
+        head = bytes(self._buffer[: match.end()])
+        self.rest = bytes(self._buffer[match.end() :])
+        self._buffer.clear()
+        self._finished = True
+        return head
+
+
+# --------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Request(_HeaderAccess):
+    """A parsed request head.
+
+    ``target`` is the request-target as sent (``/stream?x=1``); ``path`` is
+    its percent-decoded path and ``query`` its query string (for a repeated
+    key, the last value wins). Header names are lowercased; values have
+    surrounding whitespace removed.
+    """
+
+    method: str
+    target: str
+    path: str
+    query: dict[str, str]
+    version: str
+    headers: list[tuple[str, str]]
+
+    def is_chunked(self) -> bool:
+        """Whether the body is sent with ``Transfer-Encoding: chunked``."""
+        return "chunked" in _tokens(self.header("transfer-encoding"))
+
+
+def parse_request_head(head: bytes, *, max_headers: int = 100) -> Request:
+    """Parse a complete request head (start line + header lines) into a ``Request``."""
+    lines = _split_head_lines(head, 400)
+    method, target, version = _parse_request_line(lines[0])
+    headers = _parse_header_lines(
+        lines[1:], max_headers=max_headers, bad_status=400, too_many_status=431
+    )
+    raw_path, _, raw_query = target.partition("?")
+    request = Request(
+        method=method,
+        target=target,
+        path=unquote(raw_path, errors="replace"),
+        query=dict(parse_qsl(raw_query, keep_blank_values=True)),
+        version=version,
+        headers=headers,
+    )
+    _check_request_framing(request)
+    return request
+
+
+def _parse_request_line(line: str) -> tuple[str, str, str]:
+    """``METHOD SP request-target SP HTTP-version``, single spaces, nothing else."""
+    parts = line.split(" ")
+    if len(parts) != 3:
+        raise HTTPError(400, f"malformed request line {line[:80]!r}")
+    method, target, version = parts
+    if not _TOKEN.fullmatch(method):
+        raise HTTPError(400, f"invalid method {method[:20]!r}")
+    if not re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
+        raise HTTPError(400, f"malformed HTTP version {version[:20]!r}")
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        raise HTTPError(505, f"{version} not supported")
+    # Origin-form only: this server is not a forward proxy (absolute-form),
+    # has no CONNECT (authority-form) and no "OPTIONS *" (asterisk-form).
+    if not target.startswith("/"):
+        raise HTTPError(400, f"request target must start with '/': {target[:80]!r}")
+    if not all("\x21" <= c <= "\x7e" for c in target):
+        raise HTTPError(400, "invalid character in request target")
+    return method, target, version
+
+
+def _check_request_framing(request: Request) -> None:
+    """Refuse requests whose body length could be read two ways."""
+    hosts = request.header_values("host")
+    if request.version == "HTTP/1.1" and len(hosts) != 1:
+        # RFC 9112 section 3.2: a server MUST answer 400 here.
+        raise HTTPError(400, "HTTP/1.1 request needs exactly one Host header")
+    transfer_coding = request.header("transfer-encoding")
+    if transfer_coding is not None:
+        if _tokens(transfer_coding) != ["chunked"]:
+            raise HTTPError(501, f"unsupported Transfer-Encoding {transfer_coding!r}")
+        if request.header("content-length") is not None:
+            # Both headers: a front end and a back end may each pick a
+            # different one. RFC 9112 section 6.1 lets us refuse it.
+            raise HTTPError(400, "both Transfer-Encoding and Content-Length")
+    request.content_length()  # validates, raising 400 for bad or conflicting values
+
+
+class RequestHeadParser(_HeadParser):
+    """Incremental request-head parser.
+
+    Feed it bytes as they arrive; it returns ``None`` until the head is
+    complete, then the ``Request``. Bytes that came after the head (the start
+    of a body, or of a pipelined request) are left in ``.rest``. One parser
+    reads one head: for the next request on a keep-alive connection, make a
+    new parser and feed it the leftovers first.
+    """
+
+    def __init__(self, *, max_head: int = 16384, max_headers: int = 100) -> None:
+        super().__init__(max_head, max_headers)
+
+    def feed(self, data: bytes) -> Request | None:
+        """Consume bytes; return the ``Request`` once its head is complete."""
+        head = self._feed_head(data)
+        if head is None:
+            return None
+        return parse_request_head(head, max_headers=self.max_headers)
+
+
+# --------------------------------------------------------------------------
+# Responses: writing them
+# --------------------------------------------------------------------------
+
+
+def reason_phrase(status: int) -> str:
+    """The standard reason phrase ("OK", "Not Found"); empty for unknown codes.
+
+    Clients ignore the phrase; only the number matters.
+    """
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def response_head(
+    status: int,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+    *,
+    content_length: int | None = None,
+    chunked: bool = False,
+) -> bytes:
+    """Bytes of a response head: status line, headers, empty line.
+
+    A streaming response must declare how its body ends: a
+    ``content_length`` when it is known, ``chunked=True`` when it is not
+    (the usual case for SSE), or neither, in which case the body ends when
+    the connection closes. Header values containing CR or LF are refused: if
+    a value came from user input they would let it write extra headers, or
+    a whole second response ("response splitting").
+    """
+    if not 100 <= status <= 999:
+        raise ValueError(f"invalid status code {status}")
+    if content_length is not None and chunked:
+        raise ValueError("a response has either a Content-Length or chunked framing")
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    if content_length is not None:
+        if content_length < 0:
+            raise ValueError("negative Content-Length")
+        items.append(("Content-Length", str(content_length)))
+    if chunked:
+        items.append(("Transfer-Encoding", "chunked"))
+
+    lines = [f"HTTP/1.1 {status} {reason_phrase(status)}\r\n"]
+    for name, value in items:
+        value = str(value)
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"invalid header name {name!r}")
+        if "\r" in value or "\n" in value or "\0" in value:
+            raise ValueError(f"CR, LF or NUL in value of header {name!r}")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
+
+
+def _has_header(headers: Iterable[tuple[str, str]], name: str) -> bool:
+    return any(key.lower() == name for key, _ in headers)
+
+
+def json_response(
+    status: int,
+    obj: Any,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+) -> bytes:
+    """A complete response (head and body) carrying ``obj`` as JSON.
+
+    The body is built first so that its exact byte length can be declared:
+    with ``Content-Length`` the client knows when the answer is complete
+    and the connection can be reused.
+    """
+    body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    if not _has_header(items, "content-type"):
+        items.insert(0, ("Content-Type", "application/json"))
+    return response_head(status, items, content_length=len(body)) + body
+
+
+def error_response(
+    status: int,
+    message: str,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+) -> bytes:
+    """A JSON error, ``{"error": {"status": ..., "message": ...}}``, that closes the connection.
+
+    After a parse error we cannot know where the next request would start
+    in the byte stream, so the only safe thing is to close.
+    """
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    if not _has_header(items, "connection"):
+        items.insert(0, ("Connection", "close"))
+    return json_response(status, {"error": {"status": status, "message": message}}, items)
+
+
+# --------------------------------------------------------------------------
+# Chunked transfer coding
+# --------------------------------------------------------------------------
+
+#: The zero-length chunk and the empty trailer section: "the body ends here".
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """One chunk: size in hex, CRLF, the data, CRLF.
+
+    An empty ``data`` gives ``b""`` rather than ``b"0\\r\\n\\r\\n"``: a zero-size
+    chunk means end of body, and a streaming loop that happens to produce an
+    empty piece must not end the response by accident.
+    """
+    if not data:
+        return b""
+    return f"{len(data):x}\r\n".encode("ascii") + bytes(data) + b"\r\n"
+
+
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
+
+
+class ChunkedDecoder:
+    """Incremental decoder of a chunked body.
+
+    ``feed`` returns body bytes as soon as they arrive, even in the middle of
+    a chunk: chunk boundaries carry no meaning (any proxy may re-chunk), and
+    waiting for a whole chunk would only add delay to a stream. After the
+    last chunk and trailer section, ``done`` is True, the trailer fields are
+    in ``trailers`` and any bytes that followed are in ``rest``.
+    """
+
+    def __init__(self, max_chunk: int = 1 << 24, max_line: int = 4096) -> None:
+        self.max_chunk = max_chunk
+        self.max_line = max_line
+        self.done = False
+        self.rest = b""
+        self.trailers: list[tuple[str, str]] = []
+        self._buffer = bytearray()
+        self._state = "size"  # size -> data -> data-end -> size ... -> trailer -> done
+        self._remaining = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Consume bytes; return the body bytes they contained."""
+        if self.done:
+            self.rest += data
+            return []
+        self._buffer += data
+        out: list[bytes] = []
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: list[bytes]) -> bool:
+        """Advance by one piece of syntax; False when more bytes are needed."""
+        buf = self._buffer
+        if self._state == "size":
+            line = self._take_line()
+            if line is None:
+                return False
+            self._remaining = self._parse_size(line)
+            self._state = "data" if self._remaining else "trailer"
+        elif self._state == "data":
+            if not buf:
+                return False
+            piece = bytes(buf[: self._remaining])
+            del buf[: len(piece)]
+            self._remaining -= len(piece)
+            out.append(piece)
+            if self._remaining == 0:
+                self._state = "data-end"
+        elif self._state == "data-end":
+            # The chunk's data must be followed by CRLF right away; anything
+            # else means the size lied, and we must not guess.
+            if buf[:2] == b"\r\n" or buf[:1] == b"\n":
+                del buf[: 2 if buf[:1] == b"\r" else 1]
+                self._state = "size"
+            elif buf in (b"", b"\r"):
+                return False
+            else:
+                raise HTTPError(400, "chunk data longer than its declared size")
+        elif self._state == "trailer":
+            line = self._take_line()
+            if line is None:
+                return False
+            if line == b"":
+                self.done = True
+                self.rest = bytes(buf)
+                buf.clear()
+                return False
+            name, colon, value = line.decode("latin-1").partition(":")
+            if not colon or not _TOKEN.fullmatch(name):
+                raise HTTPError(400, "malformed trailer field")
+            if len(self.trailers) >= 100:
+                raise HTTPError(400, "too many trailer fields")
+            self.trailers.append((name.lower(), value.strip(" \t")))
+        return True
+
+    def _take_line(self) -> bytes | None:
+        """Remove and return one line (without its line ending), or None if incomplete."""
+        end = self._buffer.find(b"\n")
+        if end < 0:
+            if len(self._buffer) > self.max_line:
+                raise HTTPError(400, "chunk size or trailer line too long")
+            return None
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def _parse_size(self, line: bytes) -> int:
+        # Chunk extensions (";name=value") are allowed and ignored by everyone.
+        size_text = line.split(b";", 1)[0].rstrip(b" \t")
+        # Hex digits only: int(x, 16) would also accept "0x1f", "+1f", " 1f"
+        # or "1_f", and two parsers that disagree on the size disagree on
+        # where the next request starts.
+        if not _HEX.fullmatch(size_text):
+            raise HTTPError(400, f"invalid chunk size {size_text[:20]!r}")
+        size = int(size_text, 16)
+        if size > self.max_chunk:
+            raise HTTPError(413, f"chunk of {size} bytes exceeds {self.max_chunk}")
+        return size
+
+
+# --------------------------------------------------------------------------
+# Responses: reading them (client and proxy side)
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Response(_HeaderAccess):
+    """A parsed response head. Header names are lowercased."""
+
+    status: int
+    reason: str
+    version: str
+    headers: list[tuple[str, str]]
+
+    _bad_status = 502  # a malformed upstream response: "Bad Gateway"
+
+
+def parse_response_head(head: bytes, *, max_headers: int = 100) -> Response:
+    """Parse a complete response head into a ``Response``."""
+    lines = _split_head_lines(head, 502)
+    match = re.fullmatch(r"(HTTP/1\.[01]) ([0-9]{3})(?: (.*))?", lines[0])
+    if match is None:
+        raise HTTPError(502, f"malformed status line {lines[0][:80]!r}")
+    version, status, reason = match.groups()
+    headers = _parse_header_lines(
+        lines[1:], max_headers=max_headers, bad_status=502, too_many_status=502
+    )
+    return Response(int(status), reason or "", version, headers)
+
+
+class ResponseHeadParser(_HeadParser):
+    """Incremental response-head parser; the body's first bytes end up in ``.rest``.
+
+    A ``100 Continue`` or other 1xx interim response is returned like any
+    other; the caller makes a new parser for the final response.
+    """
+
+    _bad_status = 502
+    _too_large_status = 502
+
+    def __init__(self, max_head: int = 65536, max_headers: int = 100) -> None:
+        super().__init__(max_head, max_headers)
+
+    def feed(self, data: bytes) -> Response | None:
+        """Consume bytes; return the ``Response`` once its head is complete."""
+        head = self._feed_head(data)
+        if head is None:
+            return None
+        return parse_response_head(head, max_headers=self.max_headers)
+
+
+class BodyReader:
+    """Read a message body, knowing where it ends (RFC 9112 section 6.3).
+
+    ``mode`` is how the end is found:
+
+    - ``"none"``: there is no body (a HEAD request, 1xx, 204, 304).
+    - ``"length"``: exactly ``Content-Length`` bytes.
+    - ``"chunked"``: until the zero-size chunk.
+    - ``"close"``: until the server closes the connection. This is the only
+      mode in which a truncated body looks complete, which is why streaming
+      servers prefer chunked.
+
+    ``feed`` returns body bytes as they arrive; bytes past the end of the
+    body are kept in ``rest``. Call ``eof()`` when the connection closes: it
+    raises ``IncompleteBody`` if the body was cut short.
+    """
+
+    def __init__(
+        self, response: Response, request_method: str = "GET", *, max_body: int | None = None
+    ) -> None:
+        mode, length = self._framing(response, request_method.upper())
+        self._setup(mode, length, max_body)
+
+    @classmethod
+    def for_request(cls, request: Request, *, max_body: int | None = None) -> BodyReader:
+        """A reader for a request body: chunked, Content-Length, or none at all.
+
+        Unlike a response, a request without either header has no body; it
+        can never be "read until close", since the client still waits for
+        the answer on that connection.
+        """
+        if request.is_chunked():
+            mode, length = "chunked", None
+        else:
+            mode, length = "length", request.content_length() or 0
+        reader = cls.__new__(cls)
+        reader._setup(mode, length, max_body)
+        return reader
+
+    @staticmethod
+    def _framing(response: Response, method: str) -> tuple[str, int | None]:
+        status = response.status
+        if method == "HEAD" or 100 <= status < 200 or status in (204, 304):
+            return "none", 0
+        if method == "CONNECT" and 200 <= status < 300:
+            return "none", 0  # the connection becomes a tunnel
+        transfer_coding = _tokens(response.header("transfer-encoding"))
+        if transfer_coding:
+            # Transfer-Encoding overrides Content-Length. If chunked is not
+            # the final coding, only the close of the connection ends the body.
+            return ("chunked", None) if transfer_coding[-1] == "chunked" else ("close", None)
+        length = response.content_length()
+        if length is not None:
+            return "length", length
+        return "close", None
+
+    def _setup(self, mode: str, length: int | None, max_body: int | None) -> None:
+        self.mode = mode
+        self.length = length  # declared length, for mode "length"
+        self.max_body = max_body
+        self.received = 0
+        self._remaining = length or 0
+        self._chunked = ChunkedDecoder() if mode == "chunked" else None
+        self._rest = b""
+        self._eof = False
+        if max_body is not None and length is not None and length > max_body:
+            # Refuse before reading a single byte of it.
+            raise HTTPError(413, f"body of {length} bytes exceeds {max_body}")
+
+    @property
+    def done(self) -> bool:
+        """Whether the whole body has been received."""
+        if self.mode == "chunked":
+            assert self._chunked is not None
+            return self._chunked.done
+        if self.mode == "close":
+            return self._eof
+        return self._remaining == 0
+
+    @property
+    def rest(self) -> bytes:
+        """Bytes received after the end of the body (e.g. the next response)."""
+        if self._chunked is not None:
+            return self._chunked.rest
+        return self._rest
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Consume bytes from the connection; return the body bytes among them."""
+        if self.mode == "chunked":
+            assert self._chunked is not None
+            pieces = self._chunked.feed(data)
+        elif self.mode == "close":
+            pieces = [bytes(data)] if data and not self._eof else []
+        else:  # "length" and "none"
+            piece = bytes(data[: self._remaining])
+            self._rest += data[len(piece) :]
+            self._remaining -= len(piece)
+            pieces = [piece] if piece else []
+        self.received += sum(len(p) for p in pieces)
+        if self.max_body is not None and self.received > self.max_body:
+            raise HTTPError(413, f"body exceeds {self.max_body} bytes")
+        return pieces
+
+    def eof(self) -> None:
+        """The connection closed: complete the body, or raise ``IncompleteBody``."""
+        self._eof = True
+        if not self.done:
+            expected = f"{self.length} bytes" if self.mode == "length" else "the last chunk"
+            raise IncompleteBody(
+                f"connection closed after {self.received} body bytes, before {expected}"
+            )

