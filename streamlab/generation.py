@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from .aio import run_sync
 from .detokenizer import Detokenizer, NaiveDetokenizer
 from .sampling import Sampler
 
@@ -244,15 +245,3 @@ def generate_text(lm: Any, prompt: str, **kwargs: Any) -> GenerationResult:
         return await gen.wait()
 
     return run_sync(main())
-
-
-def run_sync(coro: Any) -> Any:
-    """``asyncio.run`` that also works inside Jupyter's already-running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import nest_asyncio
-
-    nest_asyncio.apply()
-    return asyncio.get_event_loop().run_until_complete(coro)
