@@ -11,6 +11,7 @@ server that notices a departed client stops spending compute on it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -156,7 +157,8 @@ class Generation:
         self.start()
         assert self.done is not None
         await self.done.wait()
-        assert self.result is not None
+        assert self._thread is not None and self.result is not None
+        self._thread.join()  # it has handed everything over and is returning
         return self.result
 
     # -- the thread ----------------------------------------------------------
@@ -183,6 +185,9 @@ class Generation:
         times: list[float] = []
         started = time.perf_counter()
         reason, error = MAX_TOKENS, None
+        # transformers 5 renamed the KV cache argument from past_key_values to cache.
+        params = inspect.signature(lm.model.forward).parameters
+        cache_arg = "cache" if "cache" in params else "past_key_values"
         try:
             past = None
             inputs = torch.tensor([self.prompt_ids], dtype=torch.long, device=lm.device)
@@ -193,8 +198,8 @@ class Generation:
                 if self.fail_after is not None and self.tokens >= self.fail_after:
                     raise InjectedFault(f"injected fault after {self.tokens} tokens")
                 with lm.lock, torch.inference_mode():
-                    out = lm.model(input_ids=inputs, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                    out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past})
+                past = out[cache_arg] if cache_arg in out else out.past_key_values
                 token = self.sampler(out.logits[0, -1], self.token_ids)
                 if token in eos:
                     reason = EOS
