@@ -12,6 +12,7 @@ Any Hugging Face model id or local folder goes through the same
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -141,29 +142,26 @@ def convert_embedded(cache_dir: Path | None = None, *, progress: bool = True) ->
         return target
     gguf = embedded_gguf()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    for stale in cache_dir.glob(f".{target.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    if target.exists():  # a folder without its marker is not ours to trust
-        shutil.rmtree(target, ignore_errors=True)
+    # One converter at a time: a second process waits, then finds the work done.
+    with open(cache_dir / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / _COMPLETE_MARKER).is_file():
+            return target
+        for stale in cache_dir.glob(f".{target.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if target.exists():  # a folder without its marker is not ours to trust
+            shutil.rmtree(target, ignore_errors=True)
+        _convert_atomically(gguf, target, progress)
+    return target
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
+def _convert_atomically(gguf: Path, target: Path, progress: bool) -> None:
     say = print if progress else (lambda *a, **k: None)
     say(f"streamlab: converting {gguf.name} once into {target} (takes ~30-60 s) ...", flush=True)
     started = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        say("streamlab:   tokenizer read, de-quantizing weights ...", flush=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # Once de-quantized the weights are ordinary float tensors; forget the
-        # GGUF quantizer so save_pretrained writes them as plain safetensors.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _convert_into(tmp, gguf, say)
         (tmp / _COMPLETE_MARKER).write_text(
             f'{{"source": "{gguf.name}", "format": {CACHE_FORMAT}}}\n', encoding="utf-8"
         )
@@ -172,7 +170,23 @@ def convert_embedded(cache_dir: Path | None = None, *, progress: bool = True) ->
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     say(f"streamlab:   done in {time.perf_counter() - started:.1f} s", flush=True)
-    return target
+
+
+def _convert_into(folder: Path, gguf: Path, say: Any) -> None:
+    """De-quantize the GGUF and write a plain transformers folder (tokenizer + safetensors)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    say("streamlab:   tokenizer read, de-quantizing weights ...", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Once de-quantized the weights are ordinary float tensors; forget the
+    # GGUF quantizer so save_pretrained writes them as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def resolve_model(name: str | None = None, cache_dir: Path | None = None) -> tuple[str, str]:
@@ -181,6 +195,14 @@ def resolve_model(name: str | None = None, cache_dir: Path | None = None) -> tup
     if name in (DEFAULT_MODEL, "default", "SmolLM2-135M-Instruct"):
         return DEFAULT_MODEL, str(convert_embedded(cache_dir))
     return name, name
+
+
+def load_tokenizer(name: str | None = None, *, cache_dir: Path | None = None) -> Any:
+    """Just the tokenizer (chapter 1 and the detokenizer tests need no weights)."""
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    return AutoTokenizer.from_pretrained(resolve_model(name, cache_dir)[1])
 
 
 _LOADED: dict[tuple[str, str], LoadedModel] = {}
