@@ -1,0 +1,88 @@
+"""The chapters' figures: arrival timelines, gap charts, generated-vs-delivered bars.
+
+Each function draws on a matplotlib Axes (made if not given) and returns it, so
+a chapter can place several on one figure or show one alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+
+
+def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When each piece of text arrived") -> Any:
+    """One row per way of delivering: a tick at each text arrival, a bar up to the end.
+
+    ``rows`` maps a label to a Trace (anything with ``events``, ``first_text`` and ``end``).
+    """
+    ax = _axes(ax, (9, 1.0 + 0.7 * len(rows)))
+    for i, (label, trace) in enumerate(rows.items()):
+        y = len(rows) - 1 - i
+        color = COLORS[i % len(COLORS)]
+        times = [e.t for e in trace.events if e.kind == "text" and e.text]
+        ax.hlines(y, 0, trace.end, color=color, alpha=0.25, linewidth=8)
+        ax.vlines(times, y - 0.3, y + 0.3, color=color, linewidth=1)
+        if times:
+            ax.plot([times[0]], [y], marker="o", color=color, markersize=7)
+            ax.annotate(f"first text {times[0]:.2f} s", (times[0], y + 0.32), fontsize=8, color=color)
+        ax.annotate(f"end {trace.end:.2f} s", (trace.end, y - 0.45), fontsize=8, ha="right", color=color)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(rows)[::-1])
+    ax.set_ylim(-0.8, len(rows) - 0.2)
+    ax.set_xlabel("seconds after the request was sent")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def gap_chart(
+    gaps_by_label: Mapping[str, Sequence[float]],
+    *,
+    threshold: float | None = None,
+    threshold_label: str = "reader's pace",
+    ax: Any = None,
+    title: str = "Silences between pieces",
+) -> Any:
+    """Each gap as a dot (ms), one column per label, with an optional threshold line."""
+    ax = _axes(ax, (8, 4))
+    for i, (label, values) in enumerate(gaps_by_label.items()):
+        xs = [i + (j % 9 - 4) * 0.03 for j in range(len(values))]
+        ax.scatter(xs, [v * 1000 for v in values], s=10, alpha=0.6, color=COLORS[i % len(COLORS)])
+    if threshold is not None:
+        ax.axhline(threshold * 1000, color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"{threshold_label}: {threshold * 1000:.0f} ms", (len(gaps_by_label) - 0.5, threshold * 1000),
+                    ha="right", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(gaps_by_label)))
+    ax.set_xticklabels(list(gaps_by_label))
+    ax.set_ylabel("gap between pieces (ms)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def generated_vs_delivered(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
+                           title: str = "Tokens generated vs delivered") -> Any:
+    """Paired bars per case: what the model computed, and what reached the reader."""
+    ax = _axes(ax, (9, 4))
+    labels = [r["case"] for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["generated"] for r in rows], width=0.4, label="generated", color=COLORS[3])
+    ax.bar([x + 0.2 for x in xs], [r["delivered"] for r in rows], width=0.4, label="delivered", color=COLORS[2])
+    for x, r in zip(xs, rows):
+        ax.annotate(str(r["generated"]), (x - 0.2, r["generated"]), ha="center", va="bottom", fontsize=8)
+        ax.annotate(str(r["delivered"]), (x + 0.2, r["delivered"]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, rotation=15, ha="right")
+    ax.set_ylabel("tokens")
+    ax.set_title(title)
+    ax.legend()
+    return ax
