@@ -1,0 +1,63 @@
+"""Shared fixtures: the model cache, and model servers started as real processes.
+
+Starting a server costs a few seconds (importing torch and transformers,
+loading the model), so servers are shared: ``servers(*flags)`` starts one
+per distinct set of flags for the whole session and stops them all at the
+end. Each is also started with ``--exit-on-stdin-eof``, so even a pytest
+that is killed takes its servers with it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator
+
+import pytest
+
+from streamlab import runner
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> None:
+    """Convert the embedded model once, before any server needs it (unless another model is set)."""
+    if not os.environ.get("STREAMLAB_MODEL"):
+        from streamlab.model import convert_embedded
+
+        convert_embedded()
+
+
+@pytest.fixture(scope="session")
+def servers(model_cache: None) -> Iterator[Callable[..., runner.RunningServer]]:
+    """``servers("--naive")``: a running server with those flags, shared by every test that asks."""
+    started: dict[tuple[str, ...], runner.RunningServer] = {}
+
+    def get(*flags: str) -> runner.RunningServer:
+        if flags not in started:
+            started[flags] = runner.start_server(*flags)
+        return started[flags]
+
+    yield get
+    for server in started.values():  # signal them all first: they shut down side by side
+        server.process.terminate()
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(servers: Callable[..., runner.RunningServer]) -> runner.RunningServer:
+    """A server with the default flags (watching mode)."""
+    return servers()
+
+
+@pytest.fixture
+def fresh_server(model_cache: None) -> Iterator[Callable[..., runner.RunningServer]]:
+    """``fresh_server(*flags)``: a server of this test's own (to kill, signal...), stopped after it."""
+    started: list[runner.RunningServer] = []
+
+    def start(*flags: str) -> runner.RunningServer:
+        started.append(runner.start_server(*flags))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,114 @@
+"""Tests for streamlab.runner: starting processes, waiting for readiness, always stopping them."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from streamlab import client, runner
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def script(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+READY = "print('fake: listening on http://127.0.0.1:4321', flush=True)\n"
+
+
+def test_free_port_can_be_bound():
+    port = runner.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_start_process_waits_for_the_listening_line():
+    code = (
+        "import sys, time\nprint('warming up', flush=True)\ntime.sleep(0.3)\n" + READY + "sys.stdin.read()\n"
+    )
+    running = runner.start_process(script(code))
+    try:
+        assert (running.port, running.url) == (4321, "http://127.0.0.1:4321")
+        assert running.stdout_lines[:2] == ["warming up", "fake: listening on http://127.0.0.1:4321"]
+        assert running.process.poll() is None
+    finally:
+        running.stop()
+    assert running.process.poll() is not None
+
+
+def test_a_crash_before_readiness_raises_with_stderr():
+    code = "import sys\nsys.stderr.write('boom: no such flag --frobnicate\\n')\nsys.exit(3)\n"
+    with pytest.raises(RuntimeError) as info:
+        runner.start_process(script(code))
+    assert "boom: no such flag --frobnicate" in str(info.value)
+    assert "exit code 3" in str(info.value)
+
+
+def test_silence_past_the_timeout_raises_and_stops_the_process():
+    with pytest.raises(RuntimeError, match="was not listening after 1 s"):
+        runner.start_process(script("import time\ntime.sleep(60)\n"), ready_timeout=1)
+
+
+def test_stop_insists_when_sigterm_is_ignored():
+    code = (
+        "import signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        + READY
+        + "import time\ntime.sleep(60)\n"
+    )
+    running = runner.start_process(script(code))
+    started = time.monotonic()
+    assert running.stop(timeout=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+
+
+def test_stdout_keeps_draining_after_readiness():
+    code = (
+        READY
+        + "for i in range(20000):\n    print('x' * 50)\nprint('finished', flush=True)\nimport sys\nsys.stdin.read()\n"
+    )
+    running = runner.start_process(script(code))
+    try:
+        deadline = time.monotonic() + 20
+        while "finished" not in running.stdout_lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "finished" in running.stdout_lines  # a full pipe would have blocked the child
+    finally:
+        running.stop()
+
+
+def test_commands():
+    assert runner.server_command("--naive")[1:] == [
+        "-m",
+        "streamlab",
+        "serve",
+        "--port",
+        "0",
+        "--exit-on-stdin-eof",
+        "--naive",
+    ]
+    assert runner.proxy_command("--block", "8192")[1:5] == ["-m", "streamlab", "proxy", "--port"]
+
+
+@pytest.mark.model
+def test_serve_yields_a_ready_server_that_dies_with_its_parent(model_cache):
+    with runner.serve("--ping-interval", "5") as server:
+        assert client.get_json_sync(server.port, "/health")["ok"]
+        assert server.logs() == []
+        assert "listening on" in server.stdout_lines[0]
+        assert server.args[-2:] == ("--ping-interval", "5")
+        # A parent that dies closes the pipe: the server must not outlive it.
+        assert server.process.stdin is not None
+        server.process.stdin.close()
+        assert server.process.wait(10) == 0
+
+
+@pytest.mark.model
+def test_bad_server_flags_raise_with_the_reason(model_cache):
+    with pytest.raises(RuntimeError, match="unrecognized arguments: --no-such-flag"):
+        with runner.serve("--no-such-flag"):
+            pass
