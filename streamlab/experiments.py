@@ -7,6 +7,9 @@ keeps the client traces for the plots.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -59,3 +62,33 @@ def three_ways(
                 by_way[way] = client.post_sync(port, f"/{way}", {"prompt": prompt, "max_tokens": max_tokens, **common})
         result.traces.append(by_way)
     return result
+
+
+async def give_up_on_complete(port: int, body: dict[str, Any], after_tokens: int, *, timeout: float = 120.0) -> dict[str, Any]:
+    """Send ``POST /complete``, hang up once the server has made ``after_tokens`` tokens.
+
+    A ``/complete`` reader sees nothing before the end, so "leaving after 10
+    pieces" has to be timed from the server's side: we watch its ``/log`` for
+    our request's token count, then close the socket. Returns the server's
+    final record of the request (how many tokens it made in all).
+    """
+    known = {r["id"] for r in await client.get_json(port, "/log")}
+    payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(client._post_head("/complete", "127.0.0.1", port, len(payload), False) + payload)
+    await writer.drain()
+    deadline = time.perf_counter() + timeout
+    mine: dict[str, Any] | None = None
+    while time.perf_counter() < deadline:
+        new = [r for r in await client.get_json(port, "/log") if r["id"] not in known]
+        mine = new[0] if new else None
+        if mine and (mine["tokens"] >= after_tokens or mine["done"]):
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    if mine is None:
+        raise TimeoutError("the server never logged the /complete request")
+    return await client.wait_log(port, mine["id"], timeout)
+
+
+give_up_on_complete_sync = client._sync(give_up_on_complete)

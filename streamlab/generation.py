@@ -188,6 +188,8 @@ class Generation:
         # transformers 5 renamed the KV cache argument from past_key_values to cache.
         params = inspect.signature(lm.model.forward).parameters
         cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Only the last position's logits are needed: skip the vocabulary projection of the prompt.
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         try:
             past = None
             inputs = torch.tensor([self.prompt_ids], dtype=torch.long, device=lm.device)
@@ -198,7 +200,7 @@ class Generation:
                 if self.fail_after is not None and self.tokens >= self.fail_after:
                     raise InjectedFault(f"injected fault after {self.tokens} tokens")
                 with lm.lock, torch.inference_mode():
-                    out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past})
+                    out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past}, **extra)
                 past = out[cache_arg] if cache_arg in out else out.past_key_values
                 token = self.sampler(out.logits[0, -1], self.token_ids)
                 if token in eos:

@@ -88,18 +88,21 @@ def pick_device(preferred: str | None = None) -> Any:
 
 
 def pick_dtype(device: Any) -> Any:
-    """bfloat16 unless ``STREAMLAB_DTYPE`` says otherwise (float16 on Apple's MPS).
+    """float32 on a CPU, float16 on a GPU, unless ``STREAMLAB_DTYPE`` names another.
 
-    Decoding one token reads every weight once, so on a CPU the time per token
-    is mostly memory traffic: halving the bytes from float32 to bfloat16 halved
-    it here (0.12 s to 0.06 s per token for the default model).
+    On this course's CPUs bfloat16 halves the time per generated token (decoding
+    is memory-bound: every weight is read once per token) but nearly triples the
+    time to the first one (reading the prompt is compute-bound, and these CPUs
+    have no native bfloat16 arithmetic). The first token is what a streaming
+    reader waits for, so float32 is the default here; try
+    ``STREAMLAB_DTYPE=bfloat16`` to see the trade.
     """
     import torch
 
     name = os.environ.get("STREAMLAB_DTYPE")
     if name:
         return getattr(torch, name)
-    return torch.float16 if device.type == "mps" else torch.bfloat16
+    return torch.float32 if device.type == "cpu" else torch.float16
 
 
 def embedded_gguf() -> Path:
@@ -205,6 +208,22 @@ def load_tokenizer(name: str | None = None, *, cache_dir: Path | None = None) ->
     return AutoTokenizer.from_pretrained(resolve_model(name, cache_dir)[1])
 
 
+def _import_model_code(source: str) -> None:
+    """Import the model's Python class before the clock runs.
+
+    transformers imports each architecture's module lazily, on the first load
+    in a process (~2 s here); that is code, not the model, and a server pays
+    it once. ``load_seconds`` measures reading the tokenizer and the weights.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+        AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError, OSError):
+        pass  # from_pretrained below reports real problems with a clear message
+
+
 _LOADED: dict[tuple[str, str], LoadedModel] = {}
 _LOAD_LOCK = threading.Lock()
 
@@ -218,7 +237,11 @@ def load_model(
     Hugging Face cache) or a local folder, exactly as ``from_pretrained`` takes.
     """
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet_transformers()
+    # The clock starts after the imports: importing torch and transformers costs
+    # seconds once per process, whatever model is loaded (``info`` reports it apart).
     started = time.perf_counter()
     display, source = resolve_model(name, cache_dir)
     dev = pick_device(device)
@@ -226,10 +249,10 @@ def load_model(
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        _quiet_transformers()
         try:
+            code_loaded = time.perf_counter()
+            _import_model_code(source)
+            started += time.perf_counter() - code_loaded
             tokenizer = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev))
         except OSError as exc:

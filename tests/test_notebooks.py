@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ QUICK: dict[str, dict] = {
     "02_three_ways": {"n_prompts": 2, "max_tokens": 60},
     "03_bytes_on_the_wire": {"n_prompts": 1, "max_tokens": 30},
     "04_the_reader": {"n_prompts": 2, "max_tokens": 40},
+    "05_when_the_user_leaves": {"max_tokens": 40, "leave_after": 10},
+    "06_the_proxy": {"max_tokens": 40, "leave_after": 10, "pause_after": 3, "pause_seconds": 2.0,
+                     "idle_timeout": 1.0, "ping_interval": 0.3},
 }
 
 
@@ -71,3 +75,42 @@ def test_04_the_reader(tmp_path):
     assert f["generation_tps"] > 0 and f["ratio"] == pytest.approx(f["generation_tps"] / f["reading_tps"])
     for row in f["waits"]:
         assert row["wait, streaming (s)"] < row["wait, no streaming (s)"]
+
+
+def test_05_when_the_user_leaves(tmp_path):
+    f = run_chapter("05_when_the_user_leaves", tmp_path)
+    leave, limit = f["leave_after"], f["leave_after"] + 2
+    assert leave <= f["sse_watching"] <= limit
+    assert f["sse_naive"] == f["max_tokens"]
+    assert leave <= f["ws_stop"] <= limit
+    assert f["ws_close_watching"] <= limit and f["ws_close_naive"] == f["max_tokens"]
+    assert leave <= f["complete_watching"] <= limit
+    assert f["complete_naive"] == f["max_tokens"]
+    signals = {(r["case"].split(",")[0], r["server"]): r["noticed by"] for r in f["rows"]}
+    assert signals[("SSE", "watching")] == "eof"
+    assert signals[("WebSocket", "watching")] in {"stop_message", "close_frame", "eof"}
+
+
+def test_06_the_proxy(tmp_path):
+    from streamlab.nginx import find_nginx
+
+    f = run_chapter("06_the_proxy", tmp_path)
+    paths = f["paths"]
+    buffering = paths[f["buffering_key"]]
+    assert buffering["first_event"] >= 0.9 * buffering["end"]
+    honor = paths["stand-in proxy, --honor"]
+    assert honor["first_event"] < honor["end"] / 5
+    direct = paths["direct"]
+    assert direct["first_event"] < direct["end"] / 5
+    assert f["idle_died_without_pings"] is True
+    assert f["idle_survived_with_pings"] is True
+    if os.environ.get("CI") or find_nginx():
+        assert f["have_nginx"], "CI installs nginx: the nginx section must run"
+        with_header = paths["nginx defaults, server sends X-Accel-Buffering: no"]
+        without = paths["nginx defaults, no header"]
+        assert with_header["first_event"] < with_header["end"] / 5
+        assert without["first_event"] >= 0.9 * without["end"]
+        # nginx closes its upstream connection when the reader leaves: the server stops too.
+        left = f["nginx_left"]
+        assert left["client_left"] and left["stop_signal"] == "eof"
+        assert left["tokens"] <= QUICK["06_the_proxy"]["leave_after"] + 3
