@@ -409,8 +409,9 @@ async def post(
     return trace
 
 
-async def complete(
+async def ask(
     port: int,
+    path: str,
     prompt: str,
     max_tokens: int = 100,
     *,
@@ -420,25 +421,19 @@ async def complete(
     extra: dict[str, Any] | None = None,
     **options: Any,
 ) -> Trace:
-    """``POST /complete``: the whole answer in one body (``options`` go to ``post``)."""
+    """POST a generation request to ``path`` (``options`` go to ``post``)."""
     body = request_body(prompt, max_tokens, seed=seed, chat=chat, ignore_eos=ignore_eos, extra=extra)
-    return await post(port, "/complete", body, **options)
+    return await post(port, path, body, **options)
 
 
-async def stream(
-    port: int,
-    prompt: str,
-    max_tokens: int = 100,
-    *,
-    seed: int | None = None,
-    chat: bool | None = None,
-    ignore_eos: bool | None = None,
-    extra: dict[str, Any] | None = None,
-    **options: Any,
-) -> Trace:
-    """``POST /stream``: one Server-Sent Event per piece (``options`` go to ``post``)."""
-    body = request_body(prompt, max_tokens, seed=seed, chat=chat, ignore_eos=ignore_eos, extra=extra)
-    return await post(port, "/stream", body, **options)
+async def complete(port: int, prompt: str, max_tokens: int = 100, **kwargs: Any) -> Trace:
+    """``POST /complete``: the whole answer in one body (keywords as for ``ask``)."""
+    return await ask(port, "/complete", prompt, max_tokens, **kwargs)
+
+
+async def stream(port: int, prompt: str, max_tokens: int = 100, **kwargs: Any) -> Trace:
+    """``POST /stream``: one Server-Sent Event per piece (keywords as for ``ask``)."""
+    return await ask(port, "/stream", prompt, max_tokens, **kwargs)
 
 
 # --------------------------------------------------------------------------

@@ -435,6 +435,18 @@ Handler = Callable[..., Awaitable[bool]]
 
 
 @lru_cache(maxsize=None)
+@asynccontextmanager
+async def in_background(coroutine: Any) -> AsyncIterator[None]:
+    """Run ``coroutine`` as a task for the duration of the ``with`` block, then cancel it."""
+    task = asyncio.create_task(coroutine)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
 def _route_pattern(pattern: str) -> re.Pattern:
     """``/log/{id}`` → a regex with a named group per ``{name}``."""
     parts = re.split(r"\{(\w+)\}", pattern)
@@ -642,13 +654,8 @@ class Server:
         if self.config.naive:
             yield
             return
-        watcher = asyncio.create_task(client.watch_for_eof(lambda: self.stop_job(job, EOF)))
-        try:
+        async with in_background(client.watch_for_eof(lambda: self.stop_job(job, EOF))):
             yield
-        finally:
-            watcher.cancel()
-            with suppress(asyncio.CancelledError):
-                await watcher
 
     # -- routes ------------------------------------------------------------------
 
@@ -896,13 +903,8 @@ class WebSocketSession:
             while not self.ended:
                 await self.receive()
 
-        watcher = asyncio.create_task(watch())
-        try:
+        async with in_background(watch()):
             yield
-        finally:
-            watcher.cancel()
-            with suppress(asyncio.CancelledError):
-                await watcher
 
     # -- answering ---------------------------------------------------------------
 
