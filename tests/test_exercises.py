@@ -1,0 +1,419 @@
+"""The exercises grade themselves, and their grading can fail.
+
+Every exercise notebook is executed twice with papermill: with its model
+answer injected, every check must pass; as handed out (unsolved), every
+check must fail, each with a message that says why. Together these show
+that no check passes by accident. A deliberately wrong answer shows that the
+checks also tell a wrong answer from a right one, naming what differs.
+
+The grader itself, the student copy that ``make exercises`` builds, and the
+notebooks' layout are tested without a kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from streamlab import grading
+from streamlab.grading import (
+    EXERCISES,
+    SOLUTIONS,
+    CountingTokenizer,
+    Grader,
+    build_student_copy,
+    exercises,
+    grade_notebook,
+    solution_for,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = [
+    "ex1_detokenizer",
+    "ex2_sse_parser",
+    "ex3_websocket_frames",
+    "ex4_watch_for_eof",
+    "ex5_first_event",
+    "ex6_persist_partial",
+]
+
+
+def notebook(name: str) -> Path:
+    return EXERCISES / f"{name}.ipynb"
+
+
+def code_cells(path: Path) -> list[str]:
+    return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+# --------------------------------------------------------------------------
+# The grader, without a notebook
+# --------------------------------------------------------------------------
+
+
+def test_check_prints_pass_and_fail_with_expected_and_got(capsys):
+    grader = Grader("t", quiet=False)
+    assert grader.check("adds up", 1 + 1 == 2, expected=2, got=2)
+    assert not grader.check("joins", False, expected="'ab'", got="'a'")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["PASS adds up", "FAIL joins: expected 'ab', got 'a'"]
+    assert grading.check("module-level check uses the current grader", True)
+    assert "module-level check uses the current grader" in grader.results
+
+
+def test_section_fails_every_check_it_did_not_reach(tmp_path):
+    results = tmp_path / "r.json"
+    grader = Grader("t", results, quiet=True)
+
+    def push(token_id):
+        raise NotImplementedError("push: return the text")
+
+    with grader.section("first", "second", "third"):
+        grader.check("first", True)
+        push(1)
+        grader.check("second", True)  # never reached
+    data = json.loads(results.read_text())
+    assert [(c["name"], c["passed"]) for c in data["checks"]] == [("first", True), ("second", False), ("third", False)]
+    assert data["checks"][1]["message"] == "not implemented yet: push: return the text"
+    assert (data["passed"], data["total"]) == (1, 3)
+
+
+def test_section_names_other_errors_and_where_they_came_from():
+    grader = Grader("t", quiet=True)
+
+    def student_code():
+        return len(None)
+
+    with grader.section("len"):
+        student_code()
+    message = grader.results["len"].message
+    assert message.startswith("raised TypeError: ") and "in student_code, line" in message
+
+    def flush():
+        raise NotImplementedError
+
+    with grader.section("bare"):
+        flush()
+    assert grader.results["bare"].message == "not implemented yet: flush raises NotImplementedError"
+
+
+def test_a_rerun_check_replaces_its_earlier_result():
+    grader = Grader("t", quiet=True)
+    grader.check("a", False, 1, 2)
+    grader.check("b", True)
+    grader.check("a", True)
+    assert [(r.name, r.passed) for r in grader.results.values()] == [("b", True), ("a", True)]
+
+
+def test_summary_records_soft_checks_and_prints_a_table(tmp_path, capsys):
+    grader = Grader("ex0 demo", tmp_path / "r.json", quiet=True)
+    grader.check("hard", True)
+    with grader.section("soft one", soft=["soft one"]):
+        raise ValueError("no words")
+    data = grader.summary()
+    out = capsys.readouterr().out
+    assert "FAIL* soft one  raised ValueError: no words" in out
+    assert data["headline"] == "ex0 demo: 1/2 checks passed"
+    assert json.loads((tmp_path / "r.json").read_text())["checks"][1]["soft"] is True
+
+
+def test_long_values_are_cut_in_messages():
+    grader = Grader("t", quiet=True)
+    grader.check("long", False, expected="x" * 1000, got="y")
+    message = grader.results["long"].message
+    assert len(message) < 400 and "(1000 characters)" in message
+
+
+def test_try_it_returns_the_value_or_says_why_not(capsys):
+    assert grading.try_it(lambda: [1, 2]) == [1, 2]
+
+    def flush():
+        raise NotImplementedError("flush: not yet")
+
+    assert grading.try_it(flush) is None
+    assert capsys.readouterr().out.strip() == "not implemented yet: flush: not yet"
+
+
+class FakeBackend:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+class FakeTokenizer:
+    backend_tokenizer = FakeBackend()
+    clean_up_tokenization_spaces = False
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.backend_tokenizer.decode(ids)
+
+
+def test_counting_tokenizer_counts_every_way_of_decoding():
+    counting = CountingTokenizer(FakeTokenizer())
+    assert counting.decode([1, 2, 3]) == "bcd"
+    assert counting.backend_tokenizer.decode([0] * 7) == "a" * 7
+    assert counting.clean_up_tokenization_spaces is False  # everything else is the real tokenizer's
+    assert counting.sizes == [3, 7]
+
+
+def test_the_library_detokenizer_stays_within_the_window_the_check_allows():
+    """The exercise's bound (16 ids per decode call) is one the course's own detokenizer meets."""
+    from streamlab.detokenizer import Detokenizer
+
+    counting = CountingTokenizer(FakeTokenizer())
+    detok = Detokenizer(counting)
+    for i in range(4096):
+        detok.push(i)
+    assert max(counting.sizes) <= 16
+
+
+def test_solution_for_maps_notebooks_to_modules():
+    assert solution_for(Path("students/alice/ex4_watch_for_eof.ipynb")) == SOLUTIONS / "ex4.py"
+    with pytest.raises(ValueError):
+        solution_for(Path("chapter.ipynb"))
+
+
+# --------------------------------------------------------------------------
+# The notebooks as handed out
+# --------------------------------------------------------------------------
+
+
+def test_six_exercises_each_with_a_solution():
+    assert [nb.stem for nb in exercises()] == NAMES
+    for nb in exercises():
+        assert solution_for(nb).is_file(), nb.name
+    assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == [f"ex{i}.py" for i in range(1, 7)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layout_parameters_student_cell_hook_and_no_outputs(name):
+    nb = nbformat.read(notebook(name), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1
+    assert re.search(r"^solution = None\b", params[0].source, re.M)
+    assert re.search(r"^results_path = None\b", params[0].source, re.M)
+    student = [i for i, c in enumerate(code) if c.source.startswith("# YOUR CODE HERE")]
+    assert len(student) == 1, "exactly one cell for the student"
+    assert "raise NotImplementedError" in code[student[0]].source
+    hook = code[student[0] + 1].source
+    assert "if solution:" in hook and "exec(Path(solution).read_text(" in hook
+    assert "grader.summary()" in code[-1].source
+    assert all(not c.outputs and c.execution_count is None for c in code), "store notebooks without outputs"
+    assert re.search(r"\]\(\.\./0\d_\w+\.ipynb\)", nb.cells[0].source), "the brief links its chapter"
+
+
+# Lines the students' skeletons give them, which the model answers keep.
+SCAFFOLD = {"self.tokenizer = tokenizer"}
+
+
+def distinctive_lines(solution: Path) -> set[str]:
+    """The code lines of a model answer worth hiding: no docstrings, imports, comments or scaffold."""
+    source = solution.read_text(encoding="utf-8")
+    lines: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for statement in body:
+            if isinstance(statement, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                continue  # a docstring
+            for line in (ast.get_source_segment(source, statement) or "").splitlines():
+                line = line.strip()
+                if len(line) >= 20 and not line.startswith("#") and line not in SCAFFOLD:
+                    lines.add(line)
+    assert lines, solution
+    return lines
+
+
+def bodies(solution: Path) -> list[str]:
+    """Each function of a model answer, its body with whitespace squeezed: what a leak would paste."""
+    source = solution.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = "\n".join(ast.get_source_segment(source, s) or "" for s in node.body)
+            found.append(" ".join(body.split()))
+    return found
+
+
+def assert_no_solution_code(path: Path) -> None:
+    code = "\n".join(code_cells(path))
+    leaked = sorted(line for line in distinctive_lines(solution_for(path)) if line in code)
+    assert not leaked, f"{path.name} holds lines of its model answer: {leaked[:3]}"
+    squeezed = " ".join(code.split())
+    for solution in SOLUTIONS.glob("*.py"):
+        for body in bodies(solution):
+            assert body not in squeezed, f"{path.name} holds a function body of solutions/{solution.name}"
+
+
+def test_no_solution_code_in_the_exercise_notebooks():
+    for nb in exercises():
+        assert_no_solution_code(nb)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_leak_check_finds_a_pasted_answer(tmp_path, name):
+    nb = nbformat.read(notebook(name), as_version=4)
+    student = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# YOUR CODE HERE"))
+    student.source += "\n" + solution_for(notebook(name)).read_text(encoding="utf-8")
+    pasted = tmp_path / notebook(name).name
+    nbformat.write(nb, pasted)
+    with pytest.raises(AssertionError, match="model answer"):
+        assert_no_solution_code(pasted)
+
+
+def test_student_copy_has_no_solutions_and_no_outputs(tmp_path):
+    dest = tmp_path / "build" / "exercises"
+    (dest / "solutions").mkdir(parents=True)
+    (dest / "solutions" / "ex1.py").write_text("stale")  # a copy made by hand earlier must not survive
+    written = build_student_copy(dest)
+    files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert files == sorted([f"{n}.ipynb" for n in NAMES] + ["README.md"])
+    assert sorted(p.name for p in written) == files
+    assert not {p.name for p in SOLUTIONS.iterdir()} & {p.name for p in dest.rglob("*")}
+    for path in dest.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None
+        assert_no_solution_code(path)
+    readme = (dest / "README.md").read_text(encoding="utf-8")
+    for link in re.findall(r"\]\(([^)]+\.ipynb)\)", readme):
+        assert (dest / link).resolve().is_file(), f"README link {link} leads nowhere from the copy"
+
+
+def test_make_exercises_builds_the_student_copy():
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^\.PHONY:.*\bexercises\b", makefile, re.M)
+    dry = subprocess.run(["make", "-n", "exercises"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "-m streamlab.grading --student-copy build/exercises" in dry.stdout
+
+
+def test_cli_student_copy(tmp_path, capsys):
+    assert grading.main(["--student-copy", str(tmp_path / "copy")]) == 0
+    assert "no solutions" in capsys.readouterr().out
+    assert (tmp_path / "copy" / "ex1_detokenizer.ipynb").is_file()
+
+
+# --------------------------------------------------------------------------
+# Executed: solved every check passes, unsolved every check fails, with its reason
+# --------------------------------------------------------------------------
+
+
+def assert_grading_can_fail(name: str, tmp_path: Path, **parameters) -> tuple[dict, dict]:
+    path = notebook(name)
+    unsolved = grade_notebook(path, out_dir=tmp_path / "unsolved", parameters=parameters)
+    solved = grade_notebook(path, solution=solution_for(path), out_dir=tmp_path / "solved", parameters=parameters)
+    for run in (solved, unsolved):
+        assert not run["crashed"], f"{run['executed']}: {run['crashed']}"
+    names = [c["name"] for c in solved["checks"]]
+    assert len(names) >= 5 and len(set(names)) == len(names)
+    assert [c["name"] for c in unsolved["checks"]] == names, "the same checks, solved or not"
+
+    failing = [c for c in solved["checks"] if not c["passed"]]
+    assert not failing, "with the model answer:\n" + grading.format_table(failing)
+
+    passing = [c["name"] for c in unsolved["checks"] if c["passed"]]
+    assert not passing, f"passed with nothing written: {passing}"
+    for c in unsolved["checks"]:
+        message = c["message"]
+        specific = re.fullmatch(r"not implemented yet: .{10,}", message) or re.fullmatch(
+            r"expected .{5,}, got .*", message, re.S
+        )
+        assert specific, f"{c['name']}: message {message!r} does not say what went wrong"
+    # The executed notebook shows the same, one line per check.
+    executed = nbformat.read(unsolved["executed"], as_version=4)
+    printed = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    for n in names:
+        assert f"FAIL {n}: " in printed or f"FAIL (soft) {n}: " in printed, n
+    return solved, unsolved
+
+
+@pytest.mark.notebook
+def test_ex1_detokenizer(tmp_path):
+    assert_grading_can_fail("ex1_detokenizer", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex2_sse_parser(tmp_path):
+    assert_grading_can_fail("ex2_sse_parser", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex2_a_wrong_parser_fails_the_checks_it_should(tmp_path):
+    """A parser that knows only LF and never heard of BOMs or sticky ids: the checks say exactly where."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(
+        "class SSEParser:\n"
+        "    def __init__(self):\n"
+        "        self.buffer = b''\n"
+        "    def feed(self, chunk):\n"
+        "        self.buffer += chunk\n"
+        "        *blocks, self.buffer = self.buffer.split(b'\\n\\n')\n"
+        "        events = []\n"
+        "        for block in blocks:\n"
+        "            fields = dict(line.decode().split(': ', 1) for line in block.split(b'\\n') if b': ' in line)\n"
+        "            if 'data' in fields:\n"
+        "                events.append((fields.get('event', 'message'), fields['data'], fields.get('id', '')))\n"
+        "        return events\n",
+        encoding="utf-8",
+    )
+    result = grade_notebook(notebook("ex2_sse_parser"), solution=wrong, out_dir=tmp_path)
+    outcome = {c["name"]: c for c in result["checks"]}
+    assert outcome["one event, LF line ends"]["passed"]
+    assert outcome["event type and id"]["passed"]
+    for name in ("CRLF line ends", "a byte order mark at the start", "the id stays for later events",
+                 "multi-line data is joined with \\n", "200 random splits give the reference events"):
+        assert not outcome[name]["passed"], name
+        assert outcome[name]["message"].startswith("expected "), outcome[name]["message"]
+    assert "got [('message', 'line two', '')]" in outcome["multi-line data is joined with \\n"]["message"]
+
+
+@pytest.mark.notebook
+def test_ex3_websocket_frames_through_the_command_line(tmp_path, capsys):
+    """The teacher's command: exit 0 with the answers, 1 without; a table either way."""
+    path = notebook("ex3_websocket_frames")
+    assert grading.main(["--solutions", str(SOLUTIONS), "--out", str(tmp_path / "a"), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "9/9 checks passed" in out and "PASS  encode a masked text frame: Hello, key 37 fa 21 3d" in out
+    report = tmp_path / "class.json"
+    assert grading.main(["--out", str(tmp_path / "b"), "--json", str(report), str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "0/9 checks passed" in out and "FAIL  decode the masked Hello" in out
+    assert json.loads(report.read_text())[0]["failed"] == 9
+
+
+@pytest.mark.notebook
+def test_ex3_websocket_frames(tmp_path):
+    assert_grading_can_fail("ex3_websocket_frames", tmp_path)
+
+
+@pytest.mark.notebook
+@pytest.mark.model
+def test_ex4_watch_for_eof(tmp_path, servers):
+    solved, _ = assert_grading_can_fail(
+        "ex4_watch_for_eof", tmp_path, server_port=servers().port, naive_server_port=servers("--naive").port
+    )
+    assert solved["total"] == 5
+
+
+@pytest.mark.notebook
+@pytest.mark.model
+def test_ex5_first_event(tmp_path, servers):
+    solved, unsolved = assert_grading_can_fail("ex5_first_event", tmp_path, server_port=servers().port)
+    soft = [c["name"] for c in solved["checks"] if c["soft"]]
+    assert soft == ["the explanation mentions the buffer and the head"]
+
+
+@pytest.mark.notebook
+def test_ex6_persist_partial(tmp_path):
+    assert_grading_can_fail("ex6_persist_partial", tmp_path)
