@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.streamlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lab info system-deps clean
+.PHONY: run test lab info system-deps clean exercises
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,7 @@ system-deps:
 
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks
+	$(BIN)/python -m streamlab.browser build/screenshot-mid-stream.png --skip-if-unavailable
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m streamlab info --tokens 20
@@ -37,3 +38,7 @@ info: $(STAMP)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis
+
+# The exercises for students: notebooks (outputs cleared) and README, without the solutions folder.
+exercises: $(STAMP)
+	$(BIN)/python -m streamlab.grading --student-copy build/exercises

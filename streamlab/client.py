@@ -34,15 +34,24 @@ __all__ = [
     "Reply",
     "Trace",
     "TraceEvent",
+    "cancel_generation",
+    "cancel_generation_sync",
     "complete",
     "complete_sync",
+    "create_generation",
+    "create_generation_sync",
+    "events",
+    "events_sync",
     "fetch",
     "fetch_sync",
     "get_json",
     "get_json_sync",
+    "last_id",
     "post",
     "post_sync",
     "request_body",
+    "resume",
+    "resume_sync",
     "stream",
     "stream_sync",
     "wait_log",
@@ -64,7 +73,9 @@ class TraceEvent:
     ``t`` is seconds since the request was written; ``kind`` is ``text``,
     ``end``, ``done``, ``ping``, ``error``, ``close``...; ``nbytes`` is the
     event's size as encoded on the wire (an SSE event without its chunk
-    framing, a whole WebSocket frame), where known; ``data`` the parsed JSON.
+    framing, a whole WebSocket frame), where known; ``data`` the parsed JSON;
+    ``id`` the stream's last event id when it arrived (SSE ids are sticky),
+    None on a stream without ids: what a reconnect sends as ``Last-Event-ID``.
     """
 
     t: float
@@ -72,6 +83,7 @@ class TraceEvent:
     text: str = ""
     nbytes: int | None = None
     data: Any = None
+    id: str | None = None
 
 
 @dataclass
@@ -294,7 +306,10 @@ class _ResponseReading:
         assert self.events is not None
         comments = self.events.comments
         for event in self.events.feed(piece):
+            recorded = len(self.trace.events)
             self._on_event(event, t)
+            if event.id and len(self.trace.events) > recorded:
+                self.trace.events[-1].id = event.id
         for _ in range(self.events.comments - comments):
             self.trace.got_event(t, "ping", data=self.events.last_comment)
 
@@ -434,6 +449,92 @@ async def complete(port: int, prompt: str, max_tokens: int = 100, **kwargs: Any)
 async def stream(port: int, prompt: str, max_tokens: int = 100, **kwargs: Any) -> Trace:
     """``POST /stream``: one Server-Sent Event per piece (keywords as for ``ask``)."""
     return await ask(port, "/stream", prompt, max_tokens, **kwargs)
+
+
+# --------------------------------------------------------------------------
+# Resumable streams: GET /generations/{id}/events
+# --------------------------------------------------------------------------
+
+
+def _get_head(path: str, host: str, port: int, last_event_id: str | None) -> bytes:
+    """The request a browser's ``EventSource`` sends (a reconnect adds ``Last-Event-ID``)."""
+    lines = [
+        f"GET {path} HTTP/1.1",
+        f"Host: {_host_header(host, port)}",
+        "Accept: text/event-stream",
+        "Cache-Control: no-cache",
+        "Connection: close",
+    ]
+    if last_event_id is not None:
+        lines.append(f"Last-Event-ID: {last_event_id}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def events(
+    port: int,
+    path: str,
+    *,
+    last_event_id: str | int | None = None,
+    stop_after: int | None = None,
+    timeout: float = 120.0,
+    host: str = "127.0.0.1",
+    read_size: int = 65536,
+) -> Trace:
+    """``GET path`` as an ``EventSource`` would, and trace every event with its ``id``.
+
+    ``last_event_id`` goes out as ``Last-Event-ID``: "I have everything up
+    to that one". ``stop_after=N`` drops the connection after N text events.
+    The trace is ``complete`` once the ``end`` event arrived. A ``204``
+    (the server has nothing more for us) leaves ``status`` 204 and no events.
+    """
+    trace = Trace(way="events")
+    reading = _ResponseReading(trace, "GET")
+    reader, writer = await _connect(host, port, timeout)
+    last = None if last_event_id is None else str(last_event_id)
+    try:
+        trace.sent = time.perf_counter()
+        writer.write(_get_head(path, host, port, last))
+        await writer.drain()
+        deadline = trace.sent + timeout
+        while not reading.done:
+            data = await _recv(reader, read_size, deadline)
+            if data is None:
+                raise TimeoutError(f"no complete response from {path} within {timeout} s")
+            if not data:
+                reading.eof()
+                break
+            reading.feed(data, trace.got_bytes(len(data)))
+            if stop_after is not None and len(trace.text_events) >= stop_after and not reading.done:
+                trace.left = True
+                break
+    finally:
+        await _close(writer)
+    trace.way = "events"
+    trace.complete = trace.complete or any(e.kind == "end" for e in trace.events)
+    trace.finish()
+    return trace
+
+
+def last_id(trace: Trace) -> str | None:
+    """The id of the last event in ``trace`` that had one: what a reconnect sends as ``Last-Event-ID``."""
+    return next((e.id for e in reversed(trace.events) if e.id is not None), None)
+
+
+async def resume(
+    port: int, generation_id: str, *, drop_after: int, timeout: float = 120.0, host: str = "127.0.0.1"
+) -> tuple[Trace, Trace]:
+    """A network blip, as an ``EventSource`` lives it: read, drop, reconnect with ``Last-Event-ID``.
+
+    Reads the generation's events, drops the connection after
+    ``drop_after`` text events, reconnects sending the last id it saw, and
+    reads to the end. Returns both traces. From a server that keeps its events, the second
+    starts right after the first, and their texts join into the whole
+    answer; had the first ended before any id, the second starts over.
+    """
+    path = f"/generations/{generation_id}/events"
+    first = await events(port, path, stop_after=drop_after, timeout=timeout, host=host)
+    second = await events(port, path, last_event_id=last_id(first), timeout=timeout, host=host)
+    return first, second
 
 
 # --------------------------------------------------------------------------
@@ -680,6 +781,27 @@ async def get_json(port: int, path: str, *, host: str = "127.0.0.1", timeout: fl
     return reply.json()
 
 
+async def create_generation(
+    port: int, body: dict[str, Any], *, host: str = "127.0.0.1", timeout: float = 30.0
+) -> dict[str, Any]:
+    """``POST /generations``: start an answer; its ``id``, ``conversation_id``, ``message_id``, ``events``."""
+    reply = await fetch(port, "POST", "/generations", body=body, host=host, timeout=timeout)
+    if reply.status != 201:
+        raise ClientError(reply.status, reply.body.decode("utf-8", "replace"))
+    return reply.json()
+
+
+async def cancel_generation(
+    port: int, generation_id: str, *, host: str = "127.0.0.1", timeout: float = 30.0
+) -> dict[str, Any]:
+    """``POST /generations/{id}/cancel``: the stop button; returns ``{"id", "status"}`` once it stopped."""
+    path = f"/generations/{generation_id}/cancel"
+    reply = await fetch(port, "POST", path, body=b"", host=host, timeout=timeout)
+    if reply.status >= 400:
+        raise ClientError(reply.status, reply.body.decode("utf-8", "replace"))
+    return reply.json()
+
+
 async def wait_log(
     port: int, request_id: str, timeout: float = 60.0, *, host: str = "127.0.0.1", interval: float = 0.05
 ) -> dict[str, Any]:
@@ -725,3 +847,7 @@ websocket_sync = _sync(websocket)
 fetch_sync = _sync(fetch)
 get_json_sync = _sync(get_json)
 wait_log_sync = _sync(wait_log)
+events_sync = _sync(events)
+resume_sync = _sync(resume)
+create_generation_sync = _sync(create_generation)
+cancel_generation_sync = _sync(cancel_generation)

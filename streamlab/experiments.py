@@ -92,3 +92,43 @@ async def give_up_on_complete(port: int, body: dict[str, Any], after_tokens: int
 
 
 give_up_on_complete_sync = client._sync(give_up_on_complete)
+
+
+@dataclass
+class Reconnects:
+    """What an EventSource-like client did over a while: one entry per connection."""
+
+    statuses: list[int] = field(default_factory=list)
+    text_events: list[int] = field(default_factory=list)
+    stopped_by_204: bool = False
+
+
+async def eventsource_like(port: int, path: str, *, duration: float, retry: float = 1.0) -> Reconnects:
+    """Follow the WHATWG EventSource rules for ``duration`` seconds, and record every connection.
+
+    A browser's EventSource reconnects whenever the connection closes, even
+    after a normal end, waiting ``retry`` (the server may change it with a
+    ``retry:`` field) and sending ``Last-Event-ID``. Only an answer that is not
+    ``200 text/event-stream`` stops it for good: a server that wants a finished
+    stream to stay finished answers the reconnect with 204 No Content.
+    """
+    out = Reconnects()
+    last_id: str | None = None
+    deadline = time.perf_counter() + duration
+    while time.perf_counter() < deadline:
+        try:
+            trace = await client.events(port, path, last_event_id=last_id, timeout=max(1.0, deadline - time.perf_counter()))
+        except TimeoutError:
+            break  # still streaming when our time ran out
+        out.statuses.append(trace.status or 0)
+        out.text_events.append(len(trace.text_events))
+        if trace.status != 200:
+            out.stopped_by_204 = trace.status == 204
+            break
+        ids = [e.id for e in trace.events if getattr(e, "id", None)]
+        last_id = ids[-1] if ids else last_id
+        await asyncio.sleep(retry)
+    return out
+
+
+eventsource_like_sync = client._sync(eventsource_like)

@@ -69,6 +69,11 @@ class RunningServer:
         """SIGTERM, wait, then SIGKILL; return the exit code."""
         return stop_process(self.process, timeout)
 
+    def kill(self, timeout: float = 10.0) -> int | None:
+        """SIGKILL, as a crash or the OOM killer would: the server gets no chance to write anything."""
+        self.process.kill()
+        return self.process.wait(timeout)
+
 
 def _tail(path: Path, last: int) -> str:
     try:

@@ -1,4 +1,4 @@
-"""The model server: ``/complete``, ``/stream`` (SSE) and ``/ws`` (WebSocket), on bare asyncio streams.
+"""The model server: ``/complete``, ``/stream`` (SSE), ``/ws`` (WebSocket), ``/generations``; bare asyncio.
 
 No web framework: the lesson is the protocol written out. Every byte of
 protocol comes from the sans-IO modules (``http``, ``sse``, ``websocket``);
@@ -18,6 +18,15 @@ so a server should stop as soon as nobody is reading. How does it know?
   that lost its signal) sends no EOF; only a write that cannot drain for
   ``--write-timeout`` seconds reveals it.
 
+The second lesson is what survives. Every answer is written to a SQLite
+``Store`` as it is sent (``--db``), so a reader who comes back, or a server
+that was killed, finds the partial text and why it stopped. And
+``/generations`` makes an answer a resource that outlives its connection:
+its events are kept, numbered, so a reader who drops can reconnect with
+``Last-Event-ID`` and resume where it left off, while the model carries on
+for a grace period (``--grace``). ``--forget`` is the contrast: a server that
+keeps nothing and has to start every reconnect over.
+
     python -m streamlab serve --port 8000
 """
 
@@ -36,16 +45,17 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections import OrderedDict, deque
 from contextlib import aclosing, asynccontextmanager, redirect_stdout, suppress
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from . import sse
 from . import websocket as ws
-from .generation import ERROR, Generation, Piece
+from .generation import ERROR, Generation, GenerationResult, Piece
 from .http import (
     LAST_CHUNK,
     BodyReader,
@@ -57,6 +67,8 @@ from .http import (
     json_response,
     response_head,
 )
+from .store import CLIENT_LEFT as STORED_CLIENT_LEFT
+from .store import COMPLETED, INCOMPLETE_REASONS, STREAMING, AnswerWriter, Store, stop_reason_for
 
 MAX_HEAD = 16 * 1024  # a request head larger than this is refused with 431
 MAX_BODY = 1 << 20  # a request body larger than this is refused with 413
@@ -67,6 +79,18 @@ IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next req
 LINGER_SECONDS = 1.0  # how long to keep reading after an error response (see linger_and_close)
 WS_CLOSE_WAIT = 2.0  # how long to wait for the peer's CLOSE after sending ours
 MAX_LOG_RECORDS = 1000
+KEEP_GENERATIONS = 200  # /generations whose events stay in memory for resuming; the oldest ended go first
+RETRY_MS = 1000  # SSE "retry:": how soon an EventSource reconnects after a drop
+TITLE_CHARS = 60  # a conversation's title: the start of its first message
+STATIC = Path(__file__).resolve().parent / "static"
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+STATIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name: no slash, no leading dot
 
 # How the server learned that it should stop sending: the log's ``stop_signal``.
 EOF = "eof"  # a read returned b"": the client closed its end
@@ -76,7 +100,9 @@ WRITE_FAILED = "write_failed"  # a write raised: connection reset, broken pipe
 WRITE_TIMEOUT = "write_timeout"  # a write could not drain within --write-timeout
 PROTOCOL_ERROR = "protocol_error"  # the WebSocket client broke RFC 6455
 SERVER_SHUTDOWN = "server_shutdown"  # SIGTERM / SIGINT
-CLIENT_LEFT = {EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, PROTOCOL_ERROR}
+CANCEL = "cancel"  # POST /generations/{id}/cancel
+GRACE_EXPIRED = "grace_expired"  # a /generations answer went unread for --grace seconds
+CLIENT_LEFT = {EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, PROTOCOL_ERROR, GRACE_EXPIRED}
 
 
 # --------------------------------------------------------------------------
@@ -98,6 +124,11 @@ class ServerConfig:
     fail_after: int | None = None
     token_delay: float = 0.0
     allowed_origins: tuple[str, ...] = ()
+    db_path: str | None = None  # None: the store's default (STREAMLAB_DATA, else the user's data folder)
+    flush_interval: float = 1.0  # seconds of text a crash may lose
+    grace: float = 30.0  # seconds a /generations answer runs on with nobody reading
+    forget: bool = False  # keep no events: a reconnect to /generations starts over
+    keep_generations: int = KEEP_GENERATIONS
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,7 @@ class GenerationRequest:
     temperature: float = 0.7
     top_p: float = 0.9
     keep_open: bool = False  # /ws only: after "done", wait for another request instead of closing
+    conversation_id: str | None = None  # continue this conversation (None: start a new one)
 
 
 def _bad(message: str) -> HTTPError:
@@ -181,6 +213,15 @@ def _prompt(obj: dict) -> str:
     return prompt
 
 
+def _conversation_id(obj: dict) -> str | None:
+    value = obj.get("conversation_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", value):
+        raise _bad("conversation_id must be an id returned by this server")
+    return value
+
+
 def parse_generation_request(body: bytes | str) -> GenerationRequest:
     """Validate a request strictly; raise ``HTTPError(400)`` with a message that names the field.
 
@@ -200,6 +241,7 @@ def parse_generation_request(body: bytes | str) -> GenerationRequest:
         temperature=_number(obj, "temperature", 0.7, 0.0, 2.0),
         top_p=_number(obj, "top_p", 0.9, 0.0, 1.0, low_open=True),
         keep_open=_boolean(obj, "keep_open", False),
+        conversation_id=_conversation_id(obj),
     )
 
 
@@ -211,7 +253,13 @@ class LogRecord:
     counts text pieces written to the client (1 for ``/complete``, once its
     body is written). ``stop_reason`` is the generation's own (eos,
     max_tokens, stopped, error); ``stop_signal`` is how the server learned to
-    stop sending, the first one that came.
+    stop sending, the first one that came, and ``tokens_at_stop`` the token
+    count at that moment (how far it ran on after being told is ``tokens``
+    minus that). ``stored_reason`` is what the store recorded (see
+    ``store.stop_reason_for``); ``conversation_id`` and ``message_id`` find
+    the answer there. ``generation_id`` names the ``/generations`` resource a
+    request served (None for the others): with ``--forget`` one resource can
+    cost several generations, and their tokens add up.
     """
 
     id: str
@@ -228,18 +276,38 @@ class LogRecord:
     ended: float | None = None
     naive: bool = False
     error: str | None = None
+    tokens_at_stop: int | None = None
+    stored_reason: str | None = None
+    conversation_id: str | None = None
+    message_id: str | None = None
+    generation_id: str | None = None
 
     def count_tokens(self, tokens: int) -> None:
         """Called from the generation thread after every token (an int store is atomic)."""
         self.tokens = tokens
 
 
+@dataclass(frozen=True)
+class Turn:
+    """The user's side of one exchange, committed before anything is generated.
+
+    ``prompt_ids`` is the whole conversation in the chat template when the
+    request continued one (None: the prompt alone).
+    """
+
+    conversation_id: str
+    user_message_id: str
+    prompt_ids: list[int] | None = None
+
+
 @dataclass(eq=False)
 class Job:
-    """One generation request: the running ``Generation`` and its log record."""
+    """One generation request: the running ``Generation``, its log record, and its answer in the store."""
 
     generation: Generation
     record: LogRecord
+    answer: AnswerWriter
+    over: asyncio.Event = field(default_factory=asyncio.Event)  # set once record and answer are final
 
 
 def _json(obj: Any) -> str:
@@ -249,6 +317,102 @@ def _json(obj: Any) -> str:
 
 def _error_body(status: int, message: str) -> dict:
     return {"error": {"status": status, "message": message}}
+
+
+def _framing(http10: bool) -> tuple[Callable[[bytes], bytes], bytes]:
+    """How to wrap each write of a streamed body, and how to end it.
+
+    HTTP/1.1 bodies are chunked; HTTP/1.0 has no chunked coding, so the
+    body is the bytes as they are, ending when the connection closes.
+    """
+    if http10:
+        return (lambda data: data), b""
+    return encode_chunk, LAST_CHUNK
+
+
+def _ids(job: Job) -> dict[str, str | None]:
+    """Where the answer is stored: what a client needs to continue the conversation or read it back."""
+    return {"conversation_id": job.record.conversation_id, "message_id": job.record.message_id}
+
+
+def _id_headers(job: Job) -> list[tuple[str, str]]:
+    return [("X-Request-Id", job.record.id), ("X-Conversation-Id", job.record.conversation_id or "")]
+
+
+def _title(prompt: str) -> str:
+    """A conversation's title for a list of them: its first message, on one line, cut short."""
+    line = " ".join(prompt.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "\u2026"
+
+
+def _numbered_event(number: int, name: str, data: Any, *, retry: int | None = None) -> bytes:
+    """One SSE event with ``id: number``: the id is what a reader sends back to resume after it."""
+    event = None if name == "message" else name
+    return sse.encode_event(_json(data), event=event, id=str(number), retry=retry)
+
+
+def _last_event_id(request: Request) -> int | None:
+    """The ``Last-Event-ID`` of a reconnecting ``EventSource``: None when absent or not one of ours.
+
+    A value we never sent (not a plain number) is treated as absent, so the
+    reader gets the whole stream again rather than an error it cannot act on.
+    """
+    value = (request.header("last-event-id") or "").strip()
+    return int(value) if re.fullmatch(r"[0-9]{1,18}", value) else None
+
+
+@dataclass(eq=False)
+class GenerationResource:
+    """A ``POST /generations`` answer: its request, its run, and its events, kept for replay.
+
+    ``events[i]`` is the event with id ``i + 1``, as ``(name, data)``: the
+    pieces are ``message`` events, the last one is ``end`` or ``error``.
+    Readers ``follow`` the list, each from its own place, and wait on
+    ``changed`` for more: any number of them can read at once, and one that
+    reconnects picks up after the last id it saw. With ``--forget`` nothing
+    is kept: ``job`` is the run of the latest reader, and ends with it.
+    """
+
+    id: str
+    req: GenerationRequest
+    turn: Turn
+    job: Job | None = None
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    ended: bool = False
+    subscribers: int = 0
+    grace_timer: asyncio.TimerHandle | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None and not self.job.record.done
+
+    def add(self, name: str, data: Any, *, last: bool = False) -> None:
+        """Keep one more event and wake every reader waiting for it."""
+        self.events.append((name, data))
+        self.ended = self.ended or last
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+    async def follow(self, after: int, ping_interval: float) -> AsyncIterator[tuple[int, str, Any] | None]:
+        """Every event after id ``after`` as ``(id, name, data)``, kept ones first, then live ones.
+
+        ``None`` after ``ping_interval`` seconds without an event: the
+        caller's cue for a keep-alive comment.
+        """
+        number = after
+        while True:
+            while number < len(self.events):
+                name, data = self.events[number]
+                number += 1
+                yield number, name, data
+            if self.ended:
+                return
+            try:
+                await asyncio.wait_for(self.changed.wait(), ping_interval if ping_interval > 0 else None)
+            except asyncio.TimeoutError:
+                yield None
 
 
 # --------------------------------------------------------------------------
@@ -434,7 +598,6 @@ class ClientConnection:
 Handler = Callable[..., Awaitable[bool]]
 
 
-@lru_cache(maxsize=None)
 @asynccontextmanager
 async def in_background(coroutine: Any) -> AsyncIterator[None]:
     """Run ``coroutine`` as a task for the duration of the ``with`` block, then cancel it."""
@@ -445,6 +608,30 @@ async def in_background(coroutine: Any) -> AsyncIterator[None]:
         task.cancel()
         with suppress(asyncio.CancelledError):
             await task
+
+
+async def until_client_leaves(client: ClientConnection, work: Awaitable[None]) -> bool:
+    """Run ``work`` while watching for EOF; stop it when the client leaves. True if it finished.
+
+    For a reader of a kept generation: its leaving must end its own relay
+    at once (so the grace period starts counting) without stopping the
+    generation, which other readers, or the same one reconnecting, still want.
+    """
+    task = asyncio.ensure_future(work)
+    left = False
+
+    def on_eof() -> None:
+        nonlocal left
+        left = True
+        task.cancel()
+
+    async with in_background(client.watch_for_eof(on_eof)):
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not left:  # we are being cancelled ourselves (server shutdown)
+                raise
+    return not left
 
 
 def _route_pattern(pattern: str) -> re.Pattern:
@@ -473,9 +660,20 @@ class Server:
             "/log": {"GET": self.get_log},
             "/log/{id}": {"GET": self.get_log_record},
             "/health": {"GET": self.health},
+            "/generations": {"POST": self.create_generation},
+            "/generations/{id}": {"GET": self.get_generation},
+            "/generations/{id}/events": {"GET": self.generation_events},
+            "/generations/{id}/cancel": {"POST": self.cancel_generation},
+            "/conversations": {"GET": self.get_conversations},
+            "/conversations/{id}": {"GET": self.get_conversation},
+            "/": {"GET": self.index},
+            "/static/{name}": {"GET": self.static},
+            "/static/{folder}/{name}": {"GET": self.static},
         }
         self.log: OrderedDict[str, LogRecord] = OrderedDict()
         self.jobs: set[Job] = set()
+        self.generations: OrderedDict[str, GenerationResource] = OrderedDict()
+        self._store: Store | None = None  # opened by start()
         self._ids = itertools.count(1)
         self._connections: dict[asyncio.Task, ClientConnection] = {}
         self._listener: asyncio.AbstractServer | None = None
@@ -484,7 +682,15 @@ class Server:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> int:
-        """Bind and listen; return the port (useful with port 0)."""
+        """Open the store, close what a crash left open, bind and listen; return the port."""
+        self._store = Store(self.config.db_path, flush_interval=self.config.flush_interval)
+        recovered = self._store.recover_interrupted()
+        print(
+            f"streamlab: store {self._store.path}: {recovered} answer(s) left streaming by a crash"
+            " marked interrupted",
+            file=sys.stderr,
+            flush=True,
+        )
         self._listener = await asyncio.start_server(
             self._on_connect, self.config.host, self.config.port, limit=READ_SIZE
         )
@@ -494,6 +700,12 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the server has not been started: no store is open")
+        return self._store
 
     async def shutdown(self) -> None:
         """Stop every generation, stop listening, close every connection.
@@ -516,6 +728,11 @@ class Server:
         for job in list(self.jobs):  # let the threads see their stop flag and return
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(job.generation.wait(), 2.0)
+        producers = [r.task for r in self.generations.values() if r.task is not None and not r.task.done()]
+        if producers:  # kept generations write their ending (interrupted) to the store
+            await asyncio.wait(producers, timeout=2.0)
+        if self._store is not None:
+            self._store.close()  # whatever is still being written is closed as interrupted
 
     # -- connections -----------------------------------------------------------
 
@@ -580,11 +797,11 @@ class Server:
         await client.linger_and_close()
 
     async def _respond_json(
-        self, client: ClientConnection, request: Request, obj: Any, headers: Any = ()
+        self, client: ClientConnection, request: Request, obj: Any, headers: Any = (), *, status: int = 200
     ) -> bool:
         keep_alive = request.keep_alive()
         headers = list(headers) + ([] if keep_alive else [("Connection", "close")])
-        await client.send(json_response(200, obj, headers))
+        await client.send(json_response(status, obj, headers))
         return keep_alive
 
     # -- generations -------------------------------------------------------------
@@ -592,12 +809,62 @@ class Server:
     def new_id(self) -> str:
         return str(next(self._ids))
 
-    def start_job(self, path: str, req: GenerationRequest, request_id: str | None = None) -> Job:
-        """Start a generation thread and its log record."""
-        record = LogRecord(id=request_id or self.new_id(), path=path, naive=self.config.naive)
+    def begin_turn(self, req: GenerationRequest) -> Turn:
+        """Commit the user's message, before anything is generated, and build the prompt.
+
+        A crash can then lose (part of) an answer, never the question. A
+        request naming a ``conversation_id`` continues that conversation
+        (404 if there is none); with ``chat`` the model is shown all of it,
+        so that it answers in context. Otherwise a new conversation begins.
+        """
+        store = self.store
+        conversation_id = req.conversation_id or store.new_conversation(title=_title(req.prompt))
+        try:
+            user = store.add_user_message(conversation_id, req.prompt)
+        except KeyError:
+            raise HTTPError(404, f"no conversation {conversation_id!r}") from None
+        continued = req.conversation_id is not None and req.chat
+        prompt_ids = self.history_prompt(conversation_id) if continued else None
+        return Turn(conversation_id, user.id, prompt_ids)
+
+    def history_prompt(self, conversation_id: str) -> list[int] | None:
+        """The conversation so far (this turn's message last) in the model's chat template.
+
+        ``as_chat_messages`` marks every incomplete answer as cut off, and
+        why: fed back unmarked, a truncated answer reads to the model as
+        everything it meant to say. None when the model has no chat template.
+        """
+        tokenizer = self.lm.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            return None
+        messages = self.store.as_chat_messages(conversation_id)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def start_job(
+        self,
+        path: str,
+        req: GenerationRequest,
+        request_id: str | None = None,
+        *,
+        turn: Turn | None = None,
+        generation_id: str | None = None,
+    ) -> Job:
+        """Commit the user's turn (unless given), open the answer's row, start the generation thread."""
+        turn = turn or self.begin_turn(req)
+        record = LogRecord(
+            id=request_id or self.new_id(),
+            path=path,
+            naive=self.config.naive,
+            conversation_id=turn.conversation_id,
+            generation_id=generation_id,
+        )
         generation = Generation(
             self.lm,
             req.prompt,
+            prompt_ids=turn.prompt_ids,
             max_tokens=req.max_tokens,
             seed=req.seed,
             chat=req.chat,
@@ -610,13 +877,23 @@ class Server:
             on_token=record.count_tokens,
         )
         record.prompt_tokens = len(generation.prompt_ids)
+        answer = self.store.begin_answer(turn.conversation_id)
+        record.message_id = answer.message_id
         self.log[record.id] = record
         while len(self.log) > MAX_LOG_RECORDS:
             self.log.popitem(last=False)
-        job = Job(generation, record)
+        job = Job(generation, record, answer)
         self.jobs.add(job)
         generation.start()
         return job
+
+    def keep(self, job: Job, piece: Piece) -> None:
+        """Add a piece to the stored answer as it leaves the server (written at most every flush interval).
+
+        The server's copy is the record, never the client's: the client may
+        be gone, or may not tell the truth.
+        """
+        job.answer.append(piece.text, piece.tokens)
 
     def stop_job(self, job: Job, signal: str) -> None:
         """Note why the reader is gone (the first signal wins) and, unless naive, stop generating.
@@ -627,21 +904,41 @@ class Server:
         record = job.record
         if record.stop_signal is None:
             record.stop_signal = signal
+            record.tokens_at_stop = record.tokens
         record.client_left |= signal in CLIENT_LEFT
         record.said_stop |= signal == STOP_MESSAGE
         if not self.config.naive or signal == SERVER_SHUTDOWN:
             job.generation.stop(signal)
 
     async def finish(self, job: Job) -> None:
-        """Wait for the generation thread to end (a naive one runs to its end) and close the record."""
+        """Wait for the generation thread to end (a naive one runs on), then close the record and the answer.
+
+        ``done`` is set last, so whoever waits for it (``client.wait_log``)
+        finds the store already final.
+        """
         result = await job.generation.wait()
         record = job.record
         record.tokens = result.tokens
         record.stop_reason = result.stop_reason
         record.error = result.error
+        record.stored_reason = self.stored_reason(job, result)
+        job.answer.finish(record.stored_reason, error=result.error)
         record.ended = time.time()
         record.done = True
         self.jobs.discard(job)
+        job.over.set()
+
+    def stored_reason(self, job: Job, result: GenerationResult) -> str:
+        """The stop reason to store: the generation's ending joined with how the server learned to stop.
+
+        One case needs more: a naive server whose model finished *after*
+        its reader left. The model completed, but what was sent, and stored,
+        is only part of it.
+        """
+        reason = stop_reason_for(result.stop_reason, job.record.stop_signal)
+        if reason == COMPLETED and job.answer.text != result.text:
+            return STORED_CLIENT_LEFT
+        return reason
 
     @asynccontextmanager
     async def watching(self, client: ClientConnection, job: Job) -> AsyncIterator[None]:
@@ -667,10 +964,10 @@ class Server:
         """
         req = parse_generation_request(await client.read_body(request))
         job = self.start_job(request.path, req)
-        headers = [("X-Request-Id", job.record.id)]
+        headers = _id_headers(job)
         try:
             async with self.watching(client, job):
-                result = await job.generation.wait()
+                result = await self._collect(job)
             if job.record.client_left:
                 return False
             if result.stop_reason == ERROR:
@@ -681,6 +978,8 @@ class Server:
                 "tokens": result.tokens,
                 "stop_reason": result.stop_reason,
                 "id": job.record.id,
+                "conversation_id": job.record.conversation_id,
+                "message_id": job.record.message_id,
             }
             keep_alive = await self._respond_json(client, request, body, headers)
             job.record.pieces_sent = 1
@@ -691,12 +990,18 @@ class Server:
         finally:
             await self.finish(job)
 
-    def _stream_head(self, job: Job, http10: bool) -> bytes:
+    async def _collect(self, job: Job) -> GenerationResult:
+        """Keep each piece as it is made: nothing is sent before the end, but a crash must not lose it all."""
+        async for piece in job.generation.pieces():
+            self.keep(job, piece)
+        return await job.generation.wait()
+
+    def _stream_head(self, http10: bool, extra: list[tuple[str, str]]) -> bytes:
         headers = [
             ("Content-Type", "text/event-stream; charset=utf-8"),
             # no-transform: no proxy may compress or rewrite it (gzip buffers ~32 KiB).
             ("Cache-Control", "no-cache, no-transform"),
-            ("X-Request-Id", job.record.id),
+            *extra,
         ]
         if self.config.accel_header:
             headers.append(("X-Accel-Buffering", "no"))  # nginx: pass each write on at once
@@ -714,11 +1019,10 @@ class Server:
         req = parse_generation_request(await client.read_body(request))
         job = self.start_job(request.path, req)
         http10 = request.version == "HTTP/1.0"
-        frame: Callable[[bytes], bytes] = (lambda data: data) if http10 else encode_chunk
-        end_of_body = b"" if http10 else LAST_CHUNK
+        frame, end_of_body = _framing(http10)
         try:
             async with self.watching(client, job):
-                await client.send(self._stream_head(job, http10))
+                await client.send(self._stream_head(http10, _id_headers(job)))
                 await self._send_pieces(client, job, frame)
             await self._send_ending(client, job, frame, end_of_body)
         except ClientGone as gone:
@@ -728,18 +1032,31 @@ class Server:
         ok = job.record.stop_signal is None and job.record.stop_reason != ERROR
         return ok and not http10 and request.keep_alive()
 
-    async def _send_pieces(self, client: ClientConnection, job: Job, frame: Callable[[bytes], bytes]) -> None:
-        """One event per piece, and a ``: ping`` comment in the silences.
+    async def _send_pieces(
+        self, client: ClientConnection, job: Job, frame: Callable[[bytes], bytes], *, numbered: bool = False
+    ) -> int:
+        """One event per piece, and a ``: ping`` comment in the silences; return how many pieces were sent.
 
         Every event is one write: a ping can never land inside an event.
+        ``numbered`` gives each event an ``id:`` (1, 2, ...), and the first a
+        ``retry:``, as ``/generations`` streams have.
         """
         async with aclosing(pieces_or_pings(job.generation, self.config.ping_interval)) as items:
             async for piece in items:
                 if piece is None:
                     await client.send(frame(sse.encode_comment("ping")))
+                    continue
+                data = {"text": piece.text}
+                number = job.record.pieces_sent + 1
+                retry = RETRY_MS if number == 1 else None
+                if numbered:
+                    event = _numbered_event(number, "message", data, retry=retry)
                 else:
-                    await client.send(frame(sse.encode_event(_json({"text": piece.text}))))
-                    job.record.pieces_sent += 1
+                    event = sse.encode_event(_json(data))
+                await client.send(frame(event))
+                job.record.pieces_sent = number
+                self.keep(job, piece)
+        return job.record.pieces_sent
 
     async def _send_ending(
         self, client: ClientConnection, job: Job, frame: Callable[[bytes], bytes], end_of_body: bytes
@@ -751,7 +1068,7 @@ class Server:
             error = _error_body(500, f"generation failed: {result.error}")
             await client.send(frame(sse.encode_event(_json(error), event="error")) + end_of_body)
             return
-        end = {"stop_reason": result.stop_reason, "tokens": result.tokens}
+        end = {"stop_reason": result.stop_reason, "tokens": result.tokens, **_ids(job)}
         await client.send(frame(sse.encode_event(_json(end), event="end")))
         await client.send(frame(sse.encode_done()) + end_of_body)
 
@@ -795,6 +1112,313 @@ class Server:
         return await self._respond_json(
             client, request, {"ok": True, "model": self.lm.name, "naive": self.config.naive}
         )
+
+    # -- generations as resources --------------------------------------------------
+
+    def _resource(self, id: str) -> GenerationResource:  # noqa: A002
+        resource = self.generations.get(id)
+        if resource is None:
+            raise HTTPError(404, f"no generation {id!r}")
+        return resource
+
+    async def create_generation(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /generations``: start an answer that outlives its connection; ``201`` says where to read it.
+
+        The model starts at once, in the background: the reader may take a
+        moment to connect, or drop and come back, and nothing is lost in
+        between. (With ``--forget`` nothing starts until a reader connects.)
+        """
+        req = parse_generation_request(await client.read_body(request))
+        resource = GenerationResource(uuid.uuid4().hex, req, self.begin_turn(req))
+        self._remember(resource)
+        if not self.config.forget:
+            self._run_kept(resource)
+        body = {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": resource.job.record.message_id if resource.job else None,
+            "events": f"/generations/{resource.id}/events",
+        }
+        headers = [("Location", f"/generations/{resource.id}"), *self._resource_headers(resource)]
+        return await self._respond_json(client, request, body, headers, status=201)
+
+    def _remember(self, resource: GenerationResource) -> None:
+        """Keep a new resource; past ``keep_generations``, forget the oldest that no longer run."""
+        self.generations[resource.id] = resource
+        excess = len(self.generations) - self.config.keep_generations
+        if excess > 0:
+            over = [g for g, r in self.generations.items() if not r.running and r is not resource]
+            for generation_id in over[:excess]:
+                del self.generations[generation_id]
+
+    def _resource_headers(self, resource: GenerationResource) -> list[tuple[str, str]]:
+        headers = [("X-Generation-Id", resource.id), ("X-Conversation-Id", resource.turn.conversation_id)]
+        if resource.job is not None:
+            headers.append(("X-Request-Id", resource.job.record.id))
+        return headers
+
+    def _run_kept(self, resource: GenerationResource) -> None:
+        """Start the generation and the task that keeps its events; grace runs until a reader comes."""
+        resource.job = self.start_job(
+            "/generations", resource.req, turn=resource.turn, generation_id=resource.id
+        )
+        resource.task = asyncio.create_task(self._produce(resource))
+        self._start_grace(resource)
+
+    async def _produce(self, resource: GenerationResource) -> None:
+        """Turn each piece into a kept, numbered event and store it, whether anyone reads or not."""
+        job = resource.job
+        assert job is not None
+        try:
+            async for piece in job.generation.pieces():
+                self.keep(job, piece)
+                job.record.pieces_sent += 1
+                resource.add("message", {"text": piece.text})
+        finally:
+            await self.finish(job)
+            self._cancel_grace(resource)
+            name, data = self._ending(job)
+            resource.add(name, data, last=True)
+
+    def _ending(self, job: Job) -> tuple[str, dict]:
+        """A ``/generations`` stream's last event: ``end`` (how it ended, where it is stored) or ``error``."""
+        result, record = job.generation.result, job.record
+        assert result is not None
+        ending = {
+            "stop_reason": result.stop_reason,
+            "stored_reason": record.stored_reason,
+            "tokens": result.tokens,
+            "incomplete": record.stored_reason in INCOMPLETE_REASONS,
+            **_ids(job),
+        }
+        if result.stop_reason == ERROR:
+            return "error", {**_error_body(500, f"generation failed: {result.error}"), **ending}
+        return "end", ending
+
+    def _start_grace(self, resource: GenerationResource) -> None:
+        """Nobody is reading: unless a reader comes within ``--grace`` seconds, stop generating for nobody."""
+        if resource.running and resource.job is not None:
+            loop = asyncio.get_running_loop()
+            resource.grace_timer = loop.call_later(
+                self.config.grace, self.stop_job, resource.job, GRACE_EXPIRED
+            )
+
+    def _cancel_grace(self, resource: GenerationResource) -> None:
+        if resource.grace_timer is not None:
+            resource.grace_timer.cancel()
+            resource.grace_timer = None
+
+    async def generation_events(
+        self, client: ClientConnection, request: Request, id: str  # noqa: A002
+    ) -> bool:
+        """``GET /generations/{id}/events``: the answer as numbered Server-Sent Events, resumable.
+
+        A GET with no body, so a browser's ``EventSource`` can read it. A
+        reader that reconnects with ``Last-Event-ID: N`` (an EventSource does
+        so by itself after a drop) gets the events after N: the kept ones at
+        once, then the live ones; nothing is generated again. One that already
+        had the last event gets ``204``, the only answer that stops an
+        EventSource from reconnecting for ever.
+        """
+        resource = self._resource(id)
+        if self.config.forget:
+            return await self._events_afresh(client, request, resource)
+        after = _last_event_id(request)
+        if after is not None and resource.ended and after >= len(resource.events):
+            keep_alive = request.keep_alive()
+            headers = [("Cache-Control", "no-cache")] + ([] if keep_alive else [("Connection", "close")])
+            await client.send(response_head(204, headers))
+            return keep_alive
+        http10 = request.version == "HTTP/1.0"
+        frame, end_of_body = _framing(http10)
+        await client.send(self._stream_head(http10, self._resource_headers(resource)))
+        resource.subscribers += 1
+        self._cancel_grace(resource)
+        try:
+            finished = await until_client_leaves(client, self._relay(client, resource, after or 0, frame))
+        finally:
+            resource.subscribers -= 1
+            if resource.subscribers == 0:
+                self._start_grace(resource)
+        if finished:
+            await client.send(end_of_body)
+        return False  # the stream is over: close, so the reader sees its end
+
+    async def _relay(
+        self,
+        client: ClientConnection,
+        resource: GenerationResource,
+        after: int,
+        frame: Callable[[bytes], bytes],
+    ) -> None:
+        """Send every event after id ``after``, kept then live, to the last; the first carries ``retry:``."""
+        retry: int | None = RETRY_MS
+        async with aclosing(resource.follow(after, self.config.ping_interval)) as events:
+            async for item in events:
+                if item is None:
+                    await client.send(frame(sse.encode_comment("ping")))
+                    continue
+                number, name, data = item
+                await client.send(frame(_numbered_event(number, name, data, retry=retry)))
+                retry = None
+
+    async def _events_afresh(
+        self, client: ClientConnection, request: Request, resource: GenerationResource
+    ) -> bool:
+        """``--forget``: nothing was kept, so every reader, reconnecting or not, gets a new generation.
+
+        Same prompt and seed, so the same text, from event 1, paid for again.
+        The run is tied to this connection as on ``/stream``: when the reader
+        leaves, generation stops.
+        """
+        path = f"/generations/{resource.id}/events"
+        job = self.start_job(path, resource.req, turn=resource.turn, generation_id=resource.id)
+        resource.job = job
+        http10 = request.version == "HTTP/1.0"
+        frame, end_of_body = _framing(http10)
+        sent = 0
+        try:
+            async with self.watching(client, job):
+                await client.send(self._stream_head(http10, self._resource_headers(resource)))
+                sent = await self._send_pieces(client, job, frame, numbered=True)
+        except ClientGone as gone:
+            self.stop_job(job, gone.signal)
+        finally:
+            await self.finish(job)
+        if job.record.stop_signal is None:
+            name, data = self._ending(job)
+            retry = RETRY_MS if sent == 0 else None
+            await client.send(frame(_numbered_event(sent + 1, name, data, retry=retry)) + end_of_body)
+        return False
+
+    async def cancel_generation(
+        self, client: ClientConnection, request: Request, id: str  # noqa: A002
+    ) -> bool:
+        """``POST /generations/{id}/cancel``: the user pressed stop. Answers once generation has stopped.
+
+        The reader's connection may be gone (a closed tab), so stopping is a
+        request of its own, not a message on the stream.
+        """
+        resource = self._resource(id)
+        await client.read_body(request)  # a body, if any, says nothing the URL does not
+        job = resource.job
+        if job is not None and resource.running:
+            self.stop_job(job, CANCEL)
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(job.over.wait(), 5.0)
+        body = {"id": resource.id, "status": self._status(resource)}
+        return await self._respond_json(client, request, body)
+
+    def _status(self, resource: GenerationResource) -> str:
+        """``waiting`` (``--forget``, before any reader), ``running`` or ``done``."""
+        if resource.job is None:
+            return "waiting"
+        return "running" if resource.running else "done"
+
+    async def get_generation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``GET /generations/{id}``: how far it has come, its text so far, how it ended."""
+        resource = self._resource(id)
+        job = resource.job
+        record = job.record if job is not None else LogRecord(id="", path="")
+        body = {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": record.message_id,
+            "status": self._status(resource),
+            "text": job.answer.text if job is not None else "",
+            "tokens": record.tokens,
+            "stop_reason": record.stop_reason,
+            "stored_reason": record.stored_reason,
+            "incomplete": record.stored_reason in INCOMPLETE_REASONS if record.done else None,
+            "events": len(resource.events),
+        }
+        return await self._respond_json(client, request, body)
+
+    # -- stored conversations ------------------------------------------------------
+
+    async def get_conversations(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /conversations``: every stored conversation, newest first, for a history list."""
+        items = [
+            {"id": c.id, "title": c.title or self._first_words(c.id), "created": c.created}
+            for c in reversed(self.store.conversations())
+        ]
+        return await self._respond_json(client, request, items)
+
+    def _first_words(self, conversation_id: str) -> str | None:
+        """A title for a conversation stored without one: its first user message, cut short."""
+        first = next((m for m in self.store.history(conversation_id) if m.role == "user"), None)
+        return _title(first.content) if first is not None else None
+
+    async def get_conversation(
+        self, client: ClientConnection, request: Request, id: str  # noqa: A002
+    ) -> bool:
+        """``GET /conversations/{id}``: every message, with why each answer ended.
+
+        An answer still being generated shows its text so far, from memory:
+        the file lags up to one flush interval behind.
+        """
+        conversation = self.store.conversation(id)
+        if conversation is None:
+            raise HTTPError(404, f"no conversation {id!r}")
+        live = {job.answer.message_id: job.answer for job in self.jobs}
+        messages = []
+        for m in self.store.history(id):
+            writer = live.get(m.id) if m.status == STREAMING else None
+            content, tokens = (writer.text, writer.tokens) if writer is not None else (m.content, m.tokens)
+            messages.append({
+                "id": m.id,
+                "role": m.role,
+                "content": content,
+                "status": m.status,
+                "stop_reason": m.stop_reason,
+                "incomplete": m.incomplete,
+                "tokens": tokens,
+            })
+        body = {
+            "id": conversation.id,
+            "title": conversation.title,
+            "created": conversation.created,
+            "messages": messages,
+        }
+        return await self._respond_json(client, request, body)
+
+    # -- the browser page ----------------------------------------------------------
+
+    async def index(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /``: the browser page, ``static/index.html``."""
+        return await self._send_static(client, request, "index.html")
+
+    async def static(
+        self, client: ClientConnection, request: Request, name: str, folder: str | None = None
+    ) -> bool:
+        """``GET /static/{name}`` (or ``/static/{folder}/{name}``): a file of ``streamlab/static``."""
+        parts = (name,) if folder is None else (folder, name)
+        return await self._send_static(client, request, *parts)
+
+    async def _send_static(self, client: ClientConnection, request: Request, *parts: str) -> bool:
+        """Serve a file of the static folder, and nothing outside it.
+
+        The routes already refuse a ``/`` inside a part (``%2F`` too: the
+        path is decoded before matching). Each part must also be a plain
+        name (no ``..``, no hidden file), the file of a known type, and still
+        inside the folder once symbolic links are followed. ``no-cache``
+        makes a browser revalidate, so an edited page shows on the next reload.
+        """
+        path = STATIC.joinpath(*parts)
+        content_type = STATIC_TYPES.get(path.suffix.lower())
+        plain = all(STATIC_NAME.fullmatch(part) and ".." not in part for part in parts)
+        inside = STATIC.resolve() in path.resolve().parents
+        if not plain or content_type is None or not path.is_file() or not inside:
+            raise HTTPError(404, f"no file {'/'.join(parts)!r}")
+        body = path.read_bytes()
+        keep_alive = request.keep_alive()
+        headers = [
+            ("Content-Type", content_type),
+            ("Cache-Control", "no-cache"),
+            ("X-Content-Type-Options", "nosniff"),
+        ] + ([] if keep_alive else [("Connection", "close")])
+        await client.send(response_head(200, headers, content_length=len(body)) + body)
+        return keep_alive
 
 
 # --------------------------------------------------------------------------
@@ -919,11 +1543,11 @@ class WebSocketSession:
         """Serve one request message; True if the client asked to keep the socket open for more."""
         try:
             req = parse_generation_request(text)
-        except HTTPError as err:
+            job = self.server.start_job("/ws", req, self.take_id())
+        except HTTPError as err:  # a bad request, or a conversation_id we do not have
             await self.send_json(_error_body(err.status, err.message))
             self.close_with = (int(ws.CloseCode.POLICY_VIOLATION), "bad request")
             return False
-        job = self.server.start_job("/ws", req, self.take_id())
         self.job = job
         try:
             async with self.watching():
@@ -940,12 +1564,11 @@ class WebSocketSession:
         assert result is not None
         if result.stop_reason == ERROR:
             error = _error_body(500, f"generation failed: {result.error}")
-            await self.send_json({**error, "id": job.record.id})
+            await self.send_json({**error, "id": job.record.id, **_ids(job)})
             self.close_with = (int(ws.CloseCode.INTERNAL_ERROR), "generation failed")
             return False
-        await self.send_json(
-            {"done": True, "stop_reason": result.stop_reason, "tokens": result.tokens, "id": job.record.id}
-        )
+        done = {"done": True, "stop_reason": result.stop_reason, "tokens": result.tokens, "id": job.record.id}
+        await self.send_json({**done, **_ids(job)})
         return req.keep_open
 
     async def _send_pieces(self, job: Job) -> None:
@@ -958,6 +1581,7 @@ class WebSocketSession:
                 else:
                     await self.client.send(self.conn.send_text(_json({"text": piece.text})))
                     job.record.pieces_sent += 1
+                    self.server.keep(job, piece)
 
     # -- closing -----------------------------------------------------------------
 
@@ -1029,6 +1653,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)"
     )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help="SQLite file of conversations (default: $STREAMLAB_DATA/streamlab.db, else your data folder)",
+    )
+    p.add_argument(
+        "--flush-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="write partial answers to the file at most every S seconds (what a crash may lose)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="stop a /generations answer nobody has read for S seconds",
+    )
+    p.add_argument(
+        "--forget",
+        action="store_true",
+        help="keep no /generations events: every reconnect generates the answer again",
+    )
     return p.parse_args(argv)
 
 
@@ -1049,6 +1698,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         fail_after=args.fail_after,
         token_delay=args.token_delay,
         allowed_origins=tuple(args.allowed_origin),
+        db_path=args.db,
+        flush_interval=args.flush_interval,
+        grace=args.grace,
+        forget=args.forget,
     )
 
 

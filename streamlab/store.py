@@ -423,6 +423,11 @@ class Store:
             raise KeyError(f"no message {message_id!r}")
         return _message(rows[0])
 
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        """One conversation by id, or None (``history`` cannot tell: a conversation may have no messages)."""
+        rows = self._query("SELECT id, created, title FROM conversations WHERE id = ?", (conversation_id,))
+        return Conversation(*rows[0]) if rows else None
+
     def conversations(self) -> list[Conversation]:
         """Every conversation, oldest first."""
         rows = self._query("SELECT id, created, title FROM conversations ORDER BY created, rowid")

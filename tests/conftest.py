@@ -10,11 +10,29 @@ that is killed takes its servers with it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
 from streamlab import runner
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers started by tests store their conversations here, never in the user's data folder.
+
+    Set in the environment, so servers started as processes (and notebook
+    kernels) inherit it: ``Store``'s default path is ``$STREAMLAB_DATA/streamlab.db``.
+    """
+    folder = tmp_path_factory.mktemp("streamlab-data")
+    saved = os.environ.get("STREAMLAB_DATA")
+    os.environ["STREAMLAB_DATA"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("STREAMLAB_DATA", None)
+    else:
+        os.environ["STREAMLAB_DATA"] = saved
 
 
 @pytest.fixture(scope="session")

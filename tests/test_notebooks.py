@@ -20,6 +20,8 @@ QUICK: dict[str, dict] = {
     "05_when_the_user_leaves": {"max_tokens": 40, "leave_after": 10},
     "06_the_proxy": {"max_tokens": 40, "leave_after": 10, "pause_after": 3, "pause_seconds": 2.0,
                      "idle_timeout": 1.0, "ping_interval": 0.3},
+    "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
+    "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "reconnect_window": 8.0, "es_tokens": 6},
 }
 
 
@@ -114,3 +116,26 @@ def test_06_the_proxy(tmp_path):
         left = f["nginx_left"]
         assert left["client_left"] and left["stop_signal"] == "eof"
         assert left["tokens"] <= QUICK["06_the_proxy"]["leave_after"] + 3
+
+
+def test_07_persisting_partial_answers(tmp_path):
+    f = run_chapter("07_persisting_partial_answers", tmp_path)
+    assert f["all_reasons"] is True, f["reasons"]
+    assert f["incomplete_flags_right"] is True
+    assert f["marker_in_history"] is True
+    assert f["interrupted_chars"] > 0
+    assert f["by_reason"]["interrupted"] >= 1
+
+
+def test_08_reconnect_and_resume(tmp_path):
+    f = run_chapter("08_reconnect_and_resume", tmp_path)
+    rows = {r["server"]: r for r in f["table"]}
+    keep, forget, naive = rows["keeps events"], rows["--forget"], rows["--forget --naive"]
+    assert keep["text identical to the uninterrupted run"] is True
+    assert keep["tokens generated in all"] == f["reference_tokens"]
+    assert forget["the reconnect alone is the whole text"] is True
+    assert forget["tokens generated in all"] > f["reference_tokens"]
+    assert naive["tokens generated in all"] >= 1.8 * f["reference_tokens"]
+    es = {r["server"]: r for r in f["eventsource"]}
+    assert es["keeps events"]["stopped by 204"] is True and es["keeps events"]["connections"] == 2
+    assert es["--forget"]["connections"] >= 3

@@ -300,7 +300,8 @@ def test_complete_returns_one_json_body(server):
     assert trace.headers["content-type"] == "application/json"
     body = json.loads(trace.body)
     assert int(trace.headers["content-length"]) == len(trace.body)
-    assert set(body) == {"text", "tokens", "stop_reason", "id"}
+    assert set(body) == {"text", "tokens", "stop_reason", "id", "conversation_id", "message_id"}
+    assert body["conversation_id"] == trace.headers["x-conversation-id"]
     assert body["id"] == trace.headers["x-request-id"]
     assert body["stop_reason"] in ("eos", "max_tokens") and 0 < body["tokens"] <= 15
     assert trace.text == body["text"] != ""
@@ -323,9 +324,14 @@ def test_stream_arrives_piece_by_piece(server):
     assert len({round(t, 3) for t, _ in trace.chunks}) >= 10  # many separate arrivals
     assert trace.stop_reason == "max_tokens" and trace.tokens == 30
     assert trace.total_bytes == sum(n for _, n in trace.chunks)
-    assert trace.body.endswith(
-        b'event: end\ndata: {"stop_reason": "max_tokens", "tokens": 30}\n\ndata: [DONE]\n\n'
-    )
+    end = trace.events[-2].data
+    assert end == {
+        "stop_reason": "max_tokens",
+        "tokens": 30,
+        "conversation_id": trace.headers["x-conversation-id"],
+        "message_id": end["message_id"],
+    }
+    assert trace.body.endswith(b"event: end\ndata: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n")
 
 
 @model
@@ -377,6 +383,11 @@ def test_log_records(server):
         "ended",
         "naive",
         "error",
+        "tokens_at_stop",
+        "stored_reason",
+        "conversation_id",
+        "message_id",
+        "generation_id",
     }
     assert record["path"] == "/stream" and record["tokens"] == 10 and record["stop_reason"] == "max_tokens"
     assert record["pieces_sent"] == len(trace.text_events)
