@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .chapter import BUILD, NOTEBOOKS
+from .notebooks import papermill_run
 
 EXERCISES = NOTEBOOKS / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
@@ -384,8 +385,6 @@ def grade_notebook(
     still returns what it recorded before, plus a failed ``notebook ran to
     the end`` entry with the error.
     """
-    import papermill as pm
-
     notebook = Path(notebook).resolve()
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="streamlab-grading-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -393,20 +392,12 @@ def grade_notebook(
     executed = out_dir / f"{tag}.ipynb"
     results = out_dir / f"{tag}.json"
     results.unlink(missing_ok=True)
-    params: dict[str, Any] = {"results_path": str(results.resolve()), **(parameters or {})}
+    params: dict[str, Any] = dict(parameters or {})
     if solution is not None:
         params["solution"] = str(Path(solution).resolve())
     crashed = None
     try:
-        pm.execute_notebook(
-            str(notebook),
-            str(executed),
-            parameters=params,
-            cwd=str(notebook.parent),
-            kernel_name="python3",
-            progress_bar=progress,
-            execution_timeout=timeout,
-        )
+        papermill_run(notebook, executed, results, params, timeout=timeout, progress=progress)
     except Exception as exc:  # noqa: BLE001 - a broken notebook is a grade, not a crash of the grader
         crashed = f"{type(exc).__name__}: {show(str(exc).strip().splitlines()[-1] if str(exc).strip() else '', 200)}"
     try:

@@ -32,14 +32,22 @@ def execute(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Execute one notebook with papermill; return the figures it recorded."""
-    import papermill as pm
-
     out_dir = Path(out_dir)
     executed = out_dir / "notebooks" / notebook.name
     results = out_dir / "results" / f"{notebook.stem}.json"
     executed.parent.mkdir(parents=True, exist_ok=True)
     results.parent.mkdir(parents=True, exist_ok=True)
     results.unlink(missing_ok=True)
+    papermill_run(notebook, executed, results, parameters, timeout=timeout, progress=progress)
+    return json.loads(results.read_text(encoding="utf-8"))
+
+
+def papermill_run(
+    notebook: Path, executed: Path, results: Path, parameters: dict[str, Any] | None, *, timeout: int, progress: bool
+) -> None:
+    """Run ``notebook`` into ``executed`` in its own folder, telling it where to record its results."""
+    import papermill as pm
+
     params = {"results_path": str(results.resolve()), **(parameters or {})}
     pm.execute_notebook(
         str(notebook),
@@ -50,7 +58,6 @@ def execute(
         progress_bar=progress,
         execution_timeout=timeout,
     )
-    return json.loads(results.read_text(encoding="utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
