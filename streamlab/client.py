@@ -375,6 +375,35 @@ def _post_head(path: str, host: str, port: int, length: int, http10: bool) -> by
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+async def _read_response(
+    reader: asyncio.StreamReader,
+    reading: "_ResponseReading",
+    trace: Trace,
+    path: str,
+    timeout: float,
+    read_size: int,
+    stop_after: int | None,
+    leave_after: float | None = None,
+) -> None:
+    """Read until the response is done, the reader leaves (after N events or S seconds), or EOF."""
+    deadline = trace.sent + timeout
+    leave_at = trace.sent + leave_after if leave_after is not None else float("inf")
+    while not reading.done:
+        data = await _recv(reader, read_size, min(deadline, leave_at))
+        if data is None:
+            if time.perf_counter() >= leave_at:
+                trace.left = True
+                break
+            raise TimeoutError(f"no complete response from {path} within {timeout} s")
+        if not data:
+            reading.eof()
+            break
+        reading.feed(data, trace.got_bytes(len(data)))
+        if stop_after is not None and len(trace.text_events) >= stop_after and not reading.done:
+            trace.left = True
+            break
+
+
 async def post(
     port: int,
     path: str,
@@ -402,22 +431,7 @@ async def post(
         trace.sent = time.perf_counter()
         writer.write(_post_head(path, host, port, len(payload), http10) + payload)
         await writer.drain()
-        deadline = trace.sent + timeout
-        leave_at = trace.sent + leave_after if leave_after is not None else float("inf")
-        while not reading.done:
-            data = await _recv(reader, read_size, min(deadline, leave_at))
-            if data is None:
-                if time.perf_counter() >= leave_at:
-                    trace.left = True
-                    break
-                raise TimeoutError(f"no complete response from {path} within {timeout} s")
-            if not data:
-                reading.eof()
-                break
-            reading.feed(data, trace.got_bytes(len(data)))
-            if stop_after is not None and len(trace.text_events) >= stop_after and not reading.done:
-                trace.left = True
-                break
+        await _read_response(reader, reading, trace, path, timeout, read_size, stop_after, leave_after)
     finally:
         await _close(writer)
     trace.finish()
@@ -495,18 +509,7 @@ async def events(
         trace.sent = time.perf_counter()
         writer.write(_get_head(path, host, port, last))
         await writer.drain()
-        deadline = trace.sent + timeout
-        while not reading.done:
-            data = await _recv(reader, read_size, deadline)
-            if data is None:
-                raise TimeoutError(f"no complete response from {path} within {timeout} s")
-            if not data:
-                reading.eof()
-                break
-            reading.feed(data, trace.got_bytes(len(data)))
-            if stop_after is not None and len(trace.text_events) >= stop_after and not reading.done:
-                trace.left = True
-                break
+        await _read_response(reader, reading, trace, path, timeout, read_size, stop_after)
     finally:
         await _close(writer)
     trace.way = "events"
