@@ -21,11 +21,7 @@ from .aio import run_sync
 from .detokenizer import Detokenizer, NaiveDetokenizer
 from .sampling import Sampler
 
-# Why a generation ended.
-EOS = "eos"
-MAX_TOKENS = "max_tokens"
-STOPPED = "stopped"
-ERROR = "error"
+from .stops import EOS, ERROR, MAX_TOKENS, STOPPED  # why a generation ended
 
 
 @dataclass(frozen=True)

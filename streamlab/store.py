@@ -39,21 +39,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable, Iterator
 
+# Why an answer ended: the stop reasons of the whole project, defined once in stops.py.
+from .stops import (
+    CLIENT_LEFT,
+    COMPLETED,
+    ERROR,
+    INCOMPLETE_REASONS,
+    INTERRUPTED,
+    MAX_TOKENS,
+    STOP_REASONS,
+    STOPPED,
+    stop_reason_for,
+)
+
+
 # --------------------------------------------------------------------------
 # Vocabulary
 # --------------------------------------------------------------------------
-
-# Why an answer ended: the stop reasons of the whole project.
-COMPLETED = "completed"  # the model ended by itself (it emitted end-of-sequence)
-MAX_TOKENS = "max_tokens"  # it hit the token limit
-CLIENT_LEFT = "client_left"  # the reader disconnected
-STOPPED = "stopped"  # the user asked to stop
-ERROR = "error"  # generation or sending failed
-INTERRUPTED = "interrupted"  # the server stopped (shutdown, or found after a crash)
-STOP_REASONS = (COMPLETED, MAX_TOKENS, CLIENT_LEFT, STOPPED, ERROR, INTERRUPTED)
-
-# Only the model ending by itself makes an answer complete.
-INCOMPLETE_REASONS = frozenset(STOP_REASONS) - {COMPLETED}
 
 # A message's status: an answer is "streaming" from its first moment until
 # ``finish`` (or recovery) makes it "done". User messages are born "done".
@@ -71,62 +73,6 @@ CUT_OFF_WORDS: dict[str, str] = {
     INTERRUPTED: "the server stopped before it was finished",
     STREAMING: "it was still being written",  # a row read before its writer finished
 }
-
-# The generation layer's vocabulary (see generation.py and server.py), spelled
-# out here so this module stays free of the model's imports.
-_GENERATION_REASONS = {"eos": COMPLETED, "max_tokens": MAX_TOKENS, "error": ERROR}
-# How the server learned to stop (its ``stop_signal``) when generation says "stopped".
-_SIGNAL_REASONS: dict[str | None, str] = {
-    # The transport told us the reader is gone.
-    "eof": CLIENT_LEFT,
-    "close_frame": CLIENT_LEFT,
-    "write_failed": CLIENT_LEFT,
-    "write_timeout": CLIENT_LEFT,
-    "grace_expired": CLIENT_LEFT,
-    "protocol_error": CLIENT_LEFT,  # the WebSocket peer broke the protocol: we closed on it
-    # The reader is still there and asked us to stop.
-    "stop_message": STOPPED,
-    "cancel": STOPPED,
-    None: STOPPED,
-    # Nobody asked: the server is going away.
-    "server_shutdown": INTERRUPTED,
-}
-
-
-def stop_reason_for(generation_stop_reason: str, stop_signal: str | None) -> str:
-    """Translate the generation layer's ending into the stored stop reason.
-
-    Generation only knows *that* it was stopped (``stopped``); the server knows
-    *why* (its ``stop_signal``). The stored reason joins the two:
-
-    ==================  ================================================  ===============
-    generation          stop_signal                                       stored
-    ==================  ================================================  ===============
-    eos                 (any)                                             completed
-    max_tokens          (any)                                             max_tokens
-    error               (any)                                             error
-    stopped             eof, close_frame, write_failed, write_timeout,    client_left
-                        grace_expired, protocol_error
-    stopped             stop_message, cancel, None                        stopped
-    stopped             server_shutdown                                   interrupted
-    server_shutdown     (any)                                             interrupted
-    ==================  ================================================  ===============
-
-    When the model ended by itself (eos, max_tokens) or failed, that is what
-    happened to the *text*, whatever signal arrived at the same moment. An
-    unknown name raises ``ValueError``: a new signal must be given a meaning
-    here, not silently filed under the wrong reason.
-    """
-    if generation_stop_reason in _GENERATION_REASONS:
-        return _GENERATION_REASONS[generation_stop_reason]
-    if generation_stop_reason == "server_shutdown":
-        return INTERRUPTED
-    if generation_stop_reason == "stopped":
-        if stop_signal not in _SIGNAL_REASONS:
-            raise ValueError(f"unknown stop signal {stop_signal!r}")
-        return _SIGNAL_REASONS[stop_signal]
-    raise ValueError(f"unknown generation stop reason {generation_stop_reason!r}")
-
 
 # --------------------------------------------------------------------------
 # Where the file lives, and what is in it
