@@ -1,0 +1,71 @@
+"""The model server: ``/complete``, ``/stream`` (SSE), ``/ws`` (WebSocket), ``/generations``; bare asyncio.
+
+No web framework: the lesson is the protocol written out. Every byte of
+protocol comes from the sans-IO modules (``http``, ``sse``, ``websocket``);
+this package is the glue that reads from sockets, writes to them, and decides
+what to do when a reader goes away, and what to refuse from a stranger.
+
+Generating costs compute for every token, so a server should stop as soon as
+nobody is reading. How does it know?
+
+- **Watching** (the default): while a response is produced, a task keeps
+  reading the connection. For HTTP, a read that returns ``b""`` (EOF) means
+  the client closed its end; for a WebSocket, a close frame, a
+  ``{"stop": true}`` message or EOF. The generation is stopped within a token.
+- **Naive** (``--naive``): nobody reads. The server learns nothing until a
+  write fails, and even then it keeps generating to the end, for nobody.
+- **Write timeout** (both): a reader that vanished without a word (a phone
+  that lost its signal) sends no EOF; only a write that cannot drain for
+  ``--write-timeout`` seconds reveals it.
+
+Every answer is written to a SQLite ``Store`` as it is sent (``--db``), and
+``/generations`` makes an answer a resource that outlives its connection
+(``Last-Event-ID`` resume, ``--grace``, ``--forget`` as the contrast).
+
+The modules, each one thing:
+
+    config.py             every limit as a named default, and the command line
+    connection.py         a client connection: reads with deadlines, writes with a timeout; serve until signalled
+    requests.py           a generation request parsed and validated (pure)
+    guards.py             Host allow-list, Origin, Content-Type: who may talk to us
+    jobs.py               turns, admission, generations, the /log, the stop vocabulary applied
+    streams.py            EventStream: the one SSE response every SSE route uses
+    responses.py          whole responses, keep-alive, HEAD, static files
+    resumable.py          /generations: resources with kept events, grace, --forget
+    websocket_session.py  one WebSocket conversation with an explicit state
+    app.py                the route table and thin handlers; serve() and main()
+
+    python -m streamlab serve --port 8000
+"""
+
+from __future__ import annotations
+
+from .app import Route, Server, main, serve
+from .config import ServerConfig, config_from_args, parse_args
+from .connection import ClientConnection, ClientGone, in_background, until_client_leaves
+from .jobs import Job, Jobs, LogRecord, Turn
+from .requests import GenerationRequest, parse_generation_request
+from .responses import STATIC
+from .streams import Event, EventStream
+
+__all__ = [
+    "ClientConnection",
+    "ClientGone",
+    "Event",
+    "EventStream",
+    "GenerationRequest",
+    "Job",
+    "Jobs",
+    "LogRecord",
+    "Route",
+    "Server",
+    "ServerConfig",
+    "Turn",
+    "config_from_args",
+    "in_background",
+    "main",
+    "parse_args",
+    "parse_generation_request",
+    "serve",
+    "until_client_leaves",
+]

@@ -1,0 +1,453 @@
+"""The server: a route table compiled once, guards in front of it, thin handlers behind it.
+
+Each handler is ``async (client, request, **path_params) -> bool`` and
+returns whether the connection may carry another request. What they share
+lives in its own module: ``jobs`` (generations and their log), ``streams``
+(the one SSE response), ``resumable`` (``/generations``), ``websocket_session``,
+``responses`` (whole responses and keep-alive), ``guards`` (Host, Origin,
+Content-Type), ``connection`` (reads with deadlines, writes with a timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import traceback
+from contextlib import redirect_stdout
+from dataclasses import asdict
+from typing import Any, Awaitable, Callable
+
+from .. import websocket as ws
+from ..http import HTTPError, Request, error_response
+from ..stops import ERROR, INCOMPLETE_REASONS
+from ..store import STREAMING, Store
+from . import responses
+from .config import RETRY_AFTER, ServerConfig, config_from_args, parse_args
+from .connection import ClientConnection, ClientGone, serve_until_signalled, until_client_leaves
+from .guards import Guards
+from .jobs import Jobs, LogRecord, title
+from .requests import last_event_id, parse_generation_request
+from .resumable import Registry
+from .streams import EventStream, job_events
+from .websocket_session import WebSocketSession
+
+Handler = Callable[..., Awaitable[bool]]
+
+
+class Route:
+    """A path pattern compiled once (``/log/{id}`` → a regex with a named group) and its handlers by method."""
+
+    def __init__(self, pattern: str, methods: dict[str, Handler]) -> None:
+        parts = re.split(r"\{(\w+)\}", pattern)
+        self.pattern = pattern
+        self.regex = re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts)))
+        self.methods = dict(methods)
+        if "GET" in self.methods:
+            self.methods.setdefault("HEAD", self.methods["GET"])  # the same head, no body
+
+    def match(self, path: str) -> dict[str, str] | None:
+        found = self.regex.fullmatch(path)
+        return None if found is None else found.groupdict()
+
+
+class Server:
+    """Routes, generations and their log, behind one listening socket."""
+
+    def __init__(self, lm: Any, config: ServerConfig | None = None) -> None:
+        self.lm = lm
+        self.config = config or ServerConfig()
+        self.routes = [
+            Route("/complete", {"POST": self.complete}),
+            Route("/stream", {"POST": self.stream}),
+            Route("/ws", {"GET": self.websocket}),
+            Route("/log", {"GET": self.get_log}),
+            Route("/log/{id}", {"GET": self.get_log_record}),
+            Route("/health", {"GET": self.health}),
+            Route("/generations", {"POST": self.create_generation}),
+            Route("/generations/{id}", {"GET": self.get_generation}),
+            Route("/generations/{id}/events", {"GET": self.generation_events}),
+            Route("/generations/{id}/cancel", {"POST": self.cancel_generation}),
+            Route("/conversations", {"GET": self.get_conversations}),
+            Route("/conversations/{id}", {"GET": self.get_conversation}),
+            Route("/", {"GET": self.index}),
+            Route("/static/{name}", {"GET": self.static}),
+            Route("/static/{folder}/{name}", {"GET": self.static}),
+        ]
+        self._store: Store | None = None  # opened by start(), with jobs and the registry
+        self.jobs: Jobs | None = None
+        self.registry: Registry | None = None
+        self.guards = Guards(self.config.port, self.config.allowed_hosts, self.config.allowed_origins)
+        self._connections: dict[asyncio.Task, ClientConnection] = {}
+        self._listener: asyncio.AbstractServer | None = None
+        self.port = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Open the store, close what a crash left open, bind and listen; return the port."""
+        self._store = Store(self.config.db_path, flush_interval=self.config.flush_interval)
+        recovered = self._store.recover_interrupted()
+        print(
+            f"streamlab: store {self._store.path}: {recovered} answer(s) left streaming by a crash marked interrupted",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.jobs = Jobs(self.lm, self.config, self._store)
+        self.registry = Registry(self.jobs, self.config)
+        self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536)
+        self.port = self._listener.sockets[0].getsockname()[1]
+        self.guards = Guards(self.port, self.config.allowed_hosts, self.config.allowed_origins)
+        return self.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the server has not been started: no store is open")
+        return self._store
+
+    @property
+    def log(self) -> dict[str, LogRecord]:
+        return self.jobs.log if self.jobs is not None else {}
+
+    async def shutdown(self) -> None:
+        """Stop every generation, stop listening, close every connection.
+
+        Streams get a moment to send their end event (stopped within one
+        token); idle keep-alive connections are simply closed.
+        """
+        if self.jobs is not None:
+            self.jobs.stop_all()
+        if self._listener is not None:
+            self._listener.close()
+        tasks = list(self._connections)
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for task, client in list(self._connections.items()):
+            client.abort()
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        if self.jobs is not None:
+            await self.jobs.wait_all()
+        if self.registry is not None:
+            await self.registry.shutdown()
+        if self._store is not None:
+            self._store.close()  # whatever is still being written is closed as interrupted
+
+    # -- connections -----------------------------------------------------------
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = ClientConnection(reader, writer, self.config.write_timeout)
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._connections) >= self.config.max_connections:
+            headers = [("Retry-After", str(RETRY_AFTER))]
+            message = f"{len(self._connections)} connections are open, the limit"
+            await responses.refuse(client, 503, message, headers)
+            return
+        self._connections[task] = client
+        try:
+            await self._serve_connection(client)
+        except (ClientGone, ConnectionError, asyncio.TimeoutError):
+            pass
+        finally:
+            del self._connections[task]
+            client.abort()
+
+    async def _serve_connection(self, client: ClientConnection) -> None:
+        """Requests one after another on the same connection, while both sides keep it alive."""
+        config = self.config
+        while True:
+            try:
+                request = await client.read_head(
+                    idle_timeout=config.idle_timeout, head_timeout=config.head_timeout, max_head=config.max_head
+                )
+            except HTTPError as err:
+                await responses.refuse(client, err.status, err.message)
+                return
+            if request is None or not await self._dispatch(client, request):
+                await client.close()
+                return
+
+    async def _dispatch(self, client: ClientConnection, request: Request) -> bool:
+        """Check the request at the door, find its handler, run it; refusals become JSON errors."""
+        try:
+            handler, params = self._route(request)
+            return await handler(client, request, **params)
+        except (HTTPError, ws.HandshakeError) as err:
+            await responses.refuse(client, err.status, err.message, getattr(err, "headers", ()))
+        except (ClientGone, ConnectionError):
+            pass
+        except Exception:  # noqa: BLE001 - a bug must not take the server down, nor show its insides
+            print(f"streamlab: {request.method} {request.target!r} failed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            await responses.refuse(client, 500, "internal server error")
+        return False
+
+    def _route(self, request: Request) -> tuple[Handler, dict[str, str]]:
+        """The guards every request passes, in order: Host, route, method, then for a POST its type and Origin."""
+        self.guards.check_host(request)
+        if "\x00" in request.path:
+            raise HTTPError(400, "the path contains a NUL character")
+        for route in self.routes:
+            params = route.match(request.path)
+            if params is None:
+                continue
+            handler = route.methods.get(request.method)
+            if handler is None:
+                allow = [("Allow", ", ".join(sorted(route.methods)))]
+                raise responses.Refused(405, f"{request.method} is not allowed on {request.path}", allow)
+            if request.method == "POST":
+                self.guards.check_json(request)
+                self.guards.check_origin(request)
+            return handler, params
+        raise HTTPError(404, f"no route for {request.path}")
+
+    async def _body(self, client: ClientConnection, request: Request) -> bytes:
+        return await client.read_body(request, max_body=self.config.max_body, timeout=self.config.body_timeout)
+
+    # -- generating --------------------------------------------------------------
+
+    async def complete(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /complete``: generate it all, then send one JSON body with a Content-Length.
+
+        Nothing is written until the end, so the reader waits for the whole
+        answer, and the only way to notice one who gave up is to watch for EOF.
+        Each piece is stored as it is made: a crash must not lose it all.
+        """
+        req = parse_generation_request(await self._body(client, request))
+        jobs = self.jobs
+        job = jobs.start(request.path, req)
+        try:
+            async with jobs.watching(client, job):
+                async for piece in job.generation.pieces():
+                    job.answer.append(piece.text, piece.tokens)
+                result = await jobs.finish(job)
+            if job.record.client_left:
+                return False
+            if result.stop_reason == ERROR:
+                await client.send(error_response(500, f"generation failed: {result.error}", job.headers()))
+                return False
+            body = {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason,
+                    "id": job.record.id, **job.ids()}
+            keep_alive = await responses.respond_json(client, request, body, job.headers())
+            job.record.pieces_sent = 1
+            return keep_alive
+        except ClientGone as gone:
+            jobs.stop(job, gone.signal)
+            return False
+        finally:
+            await jobs.finish(job)
+
+    async def stream(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /stream``: one Server-Sent Event per piece, as soon as it exists; then ``end`` and ``[DONE]``."""
+        req = parse_generation_request(await self._body(client, request))
+        jobs = self.jobs
+        job = jobs.start(request.path, req)
+        stream = EventStream(client, request, headers=job.headers(), accel_header=self.config.accel_header)
+        try:
+            async with jobs.watching(client, job):
+                await stream.open()
+                await stream.pump(job_events(jobs, job, self.config.ping_interval))
+            await stream.close()
+        except ClientGone as gone:
+            jobs.stop(job, gone.signal)
+        finally:
+            await jobs.finish(job)
+        return stream.keep_alive and job.record.stop_signal is None
+
+    async def websocket(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /ws``: check the upgrade and its Origin, answer 101, then speak frames."""
+        self.guards.check_origin(request)
+        key = ws.validate_upgrade_request(request.method, dict(request.headers))
+        request_id = self.jobs.new_id()
+        await client.send(ws.server_handshake_response(key, [("X-Request-Id", request_id)]))
+        await WebSocketSession(self.jobs, self.config, client, request_id).run()
+        return False
+
+    # -- generations as resources --------------------------------------------------
+
+    async def create_generation(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /generations``: start an answer that outlives its connection; ``201`` says where to read it."""
+        req = parse_generation_request(await self._body(client, request))
+        resource = self.registry.create(req)
+        body = {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": resource.job.record.message_id if resource.job else None,
+            "events": f"/generations/{resource.id}/events",
+        }
+        headers = [("Location", f"/generations/{resource.id}"), *resource.headers()]
+        return await responses.respond_json(client, request, body, headers, status=201)
+
+    async def generation_events(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``GET /generations/{id}/events``: the answer as numbered Server-Sent Events, resumable.
+
+        A GET with no body, so a browser's ``EventSource`` can read it. A
+        reader that reconnects with ``Last-Event-ID: N`` (an EventSource does
+        so by itself after a drop) gets the events after N: the kept ones at
+        once, then the live ones; nothing is generated again. One that already
+        had the last event gets ``204``, the only answer that stops an
+        EventSource from reconnecting for ever. With ``--forget`` nothing was
+        kept: every reader gets a new generation, tied to its connection.
+        """
+        registry = self.registry
+        resource = registry.get(id)
+        after = last_event_id(request)
+        if not self.config.forget and resource.finished_for(after):
+            return await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
+        # The stream ends by closing: say so, so that a pooled client does not reuse the connection.
+        stream = EventStream(client, request, headers=resource.headers(), accel_header=self.config.accel_header,
+                             keep_alive=False)
+        if stream.head_only:
+            await stream.open()
+            return False
+        if self.config.forget:
+            job = registry.afresh(resource)
+            stream.headers = resource.headers()
+            try:
+                async with self.jobs.watching(client, job):
+                    await stream.open()
+                    await stream.pump(job_events(self.jobs, job, self.config.ping_interval, numbered=True))
+                await stream.close()
+            except ClientGone as gone:
+                self.jobs.stop(job, gone.signal)
+            finally:
+                await self.jobs.finish(job)
+            return False
+        await stream.open()
+        registry.subscribe(resource)
+        try:
+            finished = await until_client_leaves(client, stream.pump(resource.follow(after or 0, self.config.ping_interval)))
+        finally:
+            registry.unsubscribe(resource)
+        if finished:
+            await stream.close()
+        return False
+
+    async def cancel_generation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``POST /generations/{id}/cancel``: the user pressed stop. Answers once generation has stopped.
+
+        The reader's connection may be gone (a closed tab), so stopping is a
+        request of its own, not a message on the stream.
+        """
+        resource = self.registry.get(id)
+        await self._body(client, request)  # a body, if any, says nothing the URL does not
+        await self.registry.cancel(resource)
+        return await responses.respond_json(client, request, {"id": resource.id, "status": resource.status})
+
+    async def get_generation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``GET /generations/{id}``: how far it has come, its text so far, how it ended."""
+        resource = self.registry.get(id)
+        job = resource.job
+        record = job.record if job is not None else LogRecord(id="", path="")
+        body = {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": record.message_id,
+            "status": resource.status,
+            "text": job.answer.text if job is not None else "",
+            "tokens": record.tokens,
+            "stop_reason": record.stop_reason,
+            "stored_reason": record.stored_reason,
+            "incomplete": record.stored_reason in INCOMPLETE_REASONS if record.done else None,
+            "events": len(resource.events),
+        }
+        return await responses.respond_json(client, request, body)
+
+    # -- reading back: the log, conversations, health ----------------------------
+
+    async def get_log(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /log``: every generation request, how it ended, and how the server noticed."""
+        return await responses.respond_json(client, request, [asdict(r) for r in self.log.values()])
+
+    async def get_log_record(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``GET /log/{id}``: one record (the id is in each response's X-Request-Id)."""
+        record = self.log.get(id)
+        if record is None:
+            raise HTTPError(404, f"no request with id {id!r}")
+        return await responses.respond_json(client, request, asdict(record))
+
+    async def health(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /health``: up, which model, which mode, how busy."""
+        body = {"ok": True, "model": self.lm.name, "naive": self.config.naive,
+                "active": len(self.jobs.running), "max_active": self.config.max_active}
+        return await responses.respond_json(client, request, body)
+
+    async def get_conversations(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /conversations``: every stored conversation, newest first, for a history list."""
+        store = self.store
+        items = []
+        for c in reversed(store.conversations()):
+            if not c.title:  # stored without one: its first user message, cut short
+                first = next((m for m in store.history(c.id) if m.role == "user"), None)
+                c_title = title(first.content) if first is not None else None
+            else:
+                c_title = c.title
+            items.append({"id": c.id, "title": c_title, "created": c.created})
+        return await responses.respond_json(client, request, items)
+
+    async def get_conversation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
+        """``GET /conversations/{id}``: every message, with why each answer ended.
+
+        An answer still being generated shows its text so far, from memory:
+        the file lags up to one flush interval behind.
+        """
+        conversation = self.store.conversation(id)
+        if conversation is None:
+            raise HTTPError(404, f"no conversation {id!r}")
+        live = {job.answer.message_id: job.answer for job in self.jobs.running}
+        messages = []
+        for m in self.store.history(id):
+            writer = live.get(m.id) if m.status == STREAMING else None
+            content, tokens = (writer.text, writer.tokens) if writer is not None else (m.content, m.tokens)
+            messages.append({"id": m.id, "role": m.role, "content": content, "status": m.status,
+                             "stop_reason": m.stop_reason, "incomplete": m.incomplete, "tokens": tokens})
+        body = {"id": conversation.id, "title": conversation.title, "created": conversation.created,
+                "messages": messages}
+        return await responses.respond_json(client, request, body)
+
+    # -- the browser page ----------------------------------------------------------
+
+    async def index(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /``: the browser page, ``static/index.html``."""
+        return await self.static(client, request, "index.html")
+
+    async def static(self, client: ClientConnection, request: Request, name: str, folder: str | None = None) -> bool:
+        """``GET /static/{name}`` (or ``/static/{folder}/{name}``): a file of ``streamlab/static``.
+
+        ``no-cache`` makes a browser revalidate, so an edited page shows on the next reload.
+        """
+        body, content_type = responses.static_file(*((name,) if folder is None else (folder, name)))
+        headers = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff")]
+        return await responses.respond(client, request, body, content_type=content_type, headers=headers)
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+
+async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = False) -> int:
+    """Listen until SIGINT, SIGTERM (or stdin EOF); then stop everything and return 0."""
+    server = Server(lm, config)
+    await server.start()
+    await serve_until_signalled(server.url, exit_on_stdin_eof=exit_on_stdin_eof)
+    await server.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m streamlab serve``: load the model once, then serve."""
+    from ..model import load_model
+
+    args = parse_args(argv)
+    with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for
+        lm = load_model(args.model)
+    print(f"streamlab: model {lm.name} on {lm.device} (loaded in {lm.load_seconds:.1f} s)", file=sys.stderr, flush=True)
+    return asyncio.run(serve(lm, config_from_args(args), exit_on_stdin_eof=args.exit_on_stdin_eof))

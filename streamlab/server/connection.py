@@ -1,0 +1,243 @@
+"""One accepted TCP connection, and how a program serves until it is told to stop.
+
+The I/O layer is thin on purpose: bytes are read here with a deadline and
+written here with a timeout, and everything they mean is decided by the
+sans-IO modules (``http``, ``sse``, ``websocket``). Shared by the model
+server and the stand-in proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager, suppress
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from ..http import BodyReader, HTTPError, Request, RequestHeadParser
+from ..stops import EOF, WRITE_FAILED, WRITE_TIMEOUT
+from .config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE
+
+
+class ClientGone(Exception):
+    """A write could not be completed: the client reset, closed, or stopped reading."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(signal)
+        self.signal = signal
+
+
+class ClientConnection:
+    """An accepted connection: buffered reads with deadlines, writes bounded by a timeout.
+
+    ``buffer`` holds bytes read but not yet parsed: the start of a body after
+    its head, or a next request that a keep-alive client sent early.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, write_timeout: float
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.write_timeout = write_timeout
+        self.buffer = b""
+        self.bytes_sent = 0
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            # Send each small write at once. Nagle's algorithm would hold a
+            # 20-byte event back until the previous one is acknowledged.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    async def read(self, timeout: float | None = None) -> bytes:
+        """The next bytes from the client (``b""`` at EOF), buffered ones first."""
+        if self.buffer:
+            data, self.buffer = self.buffer, b""
+            return data
+        return await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
+
+    async def _read_by(self, deadline: float, what: str) -> bytes:
+        """Read before ``deadline`` (a ``time.monotonic()``), else 408: a client that trickles is cut."""
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise asyncio.TimeoutError
+            return await self.read(left)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, f"the request {what} took too long") from None
+
+    async def read_head(
+        self, *, idle_timeout: float = IDLE_TIMEOUT, head_timeout: float = 10.0, max_head: int = MAX_HEAD
+    ) -> Request | None:
+        """The next request head, or None when the client closes (or idles) between requests.
+
+        Two clocks: waiting for a request to *begin* may last ``idle_timeout``
+        (a kept-alive connection between requests); once its first byte is
+        here, the whole head must arrive within ``head_timeout``, however
+        slowly it trickles (a slowloris sends one byte every few seconds and
+        would otherwise hold the connection for ever).
+        """
+        parser = RequestHeadParser(max_head=max_head)
+        try:
+            data = await self.read(idle_timeout)
+        except asyncio.TimeoutError:
+            return None
+        deadline = time.monotonic() + head_timeout
+        while True:
+            if not data:
+                return None
+            request = parser.feed(data)
+            if request is not None:
+                self.buffer = parser.rest
+                return request
+            data = await self._read_by(deadline, "head")
+
+    async def read_body(self, request: Request, *, max_body: int = MAX_BODY, timeout: float = 10.0) -> bytes:
+        """The whole request body within ``timeout``; a too-large ``Content-Length`` is refused before reading."""
+        body = BodyReader.for_request(request, max_body=max_body)  # raises 413 right here
+        if body.done:
+            return b""
+        if (request.header("expect") or "").lower() == "100-continue":
+            # curl waits for this before sending a body over 1 KiB.
+            await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        deadline = time.monotonic() + timeout
+        parts = body.feed(self.buffer)
+        self.buffer = b""
+        while not body.done:
+            data = await self._read_by(deadline, "body")
+            if not data:
+                raise ClientGone(EOF)
+            parts += body.feed(data)
+        self.buffer = body.rest
+        return b"".join(parts)
+
+    async def send(self, data: bytes) -> None:
+        """Write and wait until the kernel took the bytes, at most ``write_timeout`` seconds.
+
+        ``drain`` waits only when asyncio's buffer is full, i.e. when the
+        client stopped reading long enough to fill its socket buffers. A
+        client that vanished without closing never sends EOF or a reset: this
+        timeout is the only way to notice it.
+        """
+        if self.writer.transport.is_closing():
+            raise ClientGone(WRITE_FAILED)
+        self.writer.write(data)
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.write_timeout or None)
+        except asyncio.TimeoutError:
+            self.writer.transport.abort()
+            raise ClientGone(WRITE_TIMEOUT) from None
+        except ConnectionError:
+            raise ClientGone(WRITE_FAILED) from None
+        self.bytes_sent += len(data)
+
+    def send_nowait(self, data: bytes) -> None:
+        """Queue a small write (a pong) without waiting; the next ``send`` drains it."""
+        if not self.writer.transport.is_closing():
+            self.writer.write(data)
+            self.bytes_sent += len(data)
+
+    async def watch_for_eof(self, on_eof: Callable[[], None]) -> None:
+        """Read until EOF, then call ``on_eof``: the client closed its end, nobody is reading.
+
+        Bytes that arrive meanwhile are kept: they are a keep-alive client's
+        next request, not a goodbye.
+        """
+        while len(self.buffer) <= MAX_HEAD + MAX_BODY:
+            try:
+                data = await self.reader.read(READ_SIZE)
+            except ConnectionError:
+                data = b""
+            if not data:
+                on_eof()
+                return
+            self.buffer += data
+
+    async def linger_and_close(self) -> None:
+        """Close after an error response without destroying it.
+
+        Closing a socket with unread bytes in its receive buffer makes the
+        kernel send a reset, which can discard our response before the client
+        reads it. So: stop writing, read and drop for a moment, then close
+        (nginx calls this a lingering close).
+        """
+        with suppress(OSError, RuntimeError, asyncio.TimeoutError):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            deadline = time.monotonic() + LINGER_SECONDS
+            while (left := deadline - time.monotonic()) > 0:
+                if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
+                    break
+        await self.close()
+
+    async def close(self) -> None:
+        self.writer.close()
+        with suppress(Exception):
+            await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
+
+@asynccontextmanager
+async def in_background(coroutine: Any) -> AsyncIterator[None]:
+    """Run ``coroutine`` as a task for the duration of the ``with`` block, then cancel it."""
+    task = asyncio.create_task(coroutine)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
+async def until_client_leaves(client: ClientConnection, work: Awaitable[None]) -> bool:
+    """Run ``work`` while watching for EOF; cancel it when the client leaves. True if it finished."""
+    task = asyncio.ensure_future(work)
+    left = False
+
+    def on_eof() -> None:
+        nonlocal left
+        left = True
+        task.cancel()
+
+    async with in_background(client.watch_for_eof(on_eof)):
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not left:  # we are being cancelled ourselves (server shutdown)
+                raise
+    return not left
+
+
+def _on_stdin_eof(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """Call ``callback`` when stdin closes: a parent that dies closes our stdin and takes us along."""
+
+    def wait_for_eof() -> None:
+        # os.read, not sys.stdin: a thread blocked inside the buffered reader
+        # holds its lock, and the interpreter aborts on that lock at exit.
+        with suppress(OSError):
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
+        with suppress(RuntimeError):  # the loop may already be closed
+            loop.call_soon_threadsafe(callback)
+
+    threading.Thread(target=wait_for_eof, name="stdin-eof", daemon=True).start()
+
+
+async def serve_until_signalled(url: str, *, exit_on_stdin_eof: bool = False) -> None:
+    """Say where we listen, then wait for SIGINT, SIGTERM (or stdin EOF): the caller then shuts down.
+
+    ``streamlab: listening on URL`` on stdout is the line the runner waits for.
+    """
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    if exit_on_stdin_eof:
+        _on_stdin_eof(loop, stopping.set)
+    print(f"streamlab: listening on {url}", flush=True)
+    await stopping.wait()

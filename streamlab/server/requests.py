@@ -1,0 +1,177 @@
+"""What a client may ask for: a generation request parsed and validated, with no I/O.
+
+Strict because a loose server teaches clients bad habits: ``"max_tokens":
+"100"`` or ``true`` would work here and break elsewhere. And bounded, because
+the body comes from a stranger: JSON nested thousands deep would exhaust the
+parser's stack, and a prompt is measured in the model's own unit, tokens,
+against the model's context window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..http import HTTPError, Request
+from .config import MAX_JSON_DEPTH
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request body (``/complete``, ``/stream``, ``/generations``, or a WebSocket message)."""
+
+    prompt: str
+    max_tokens: int = 100
+    seed: int = 0
+    chat: bool = True
+    ignore_eos: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    keep_open: bool = False  # /ws only: after "done", wait for another request instead of closing
+    conversation_id: str | None = None  # continue this conversation (None: start a new one)
+
+
+def bad(message: str) -> HTTPError:
+    return HTTPError(400, message)
+
+
+def _refuse_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity, which are not JSON.
+    raise bad(f"{name} is not valid JSON")
+
+
+def json_depth(text: str) -> int:
+    """How deeply brackets nest, ignoring those inside strings: checked before ``json.loads`` recurses."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def load_json(body: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON from a stranger: UTF-8, no NaN, nested at most ``max_depth`` deep, else 400."""
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad("the body is not UTF-8") from None
+    if ("[" in body or "{" in body) and json_depth(body) > max_depth:
+        raise bad(f"the JSON is nested more than {max_depth} deep")
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise bad(f"the body is not valid JSON: {exc}") from None
+
+
+def _integer(obj: dict, name: str, default: int, low: int, high: int) -> int:
+    value = obj.get(name, default)
+    # bool is a subclass of int in Python, but `true` is not a number in JSON.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"{name} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise bad(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _number(obj: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    value = obj.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"{name} must be a number, got {type(value).__name__}")
+    if not (low < value if low_open else low <= value) or value > high:
+        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise bad(f"{name} must be in {interval}, got {value}")
+    return float(value)
+
+
+def _boolean(obj: dict, name: str, default: bool) -> bool:
+    value = obj.get(name, default)
+    if not isinstance(value, bool):
+        raise bad(f"{name} must be true or false, got {type(value).__name__}")
+    return value
+
+
+def _prompt(obj: dict) -> str:
+    """A non-empty string of real Unicode; its length is checked later, in tokens (see ``check_context``)."""
+    prompt = obj.get("prompt")
+    if prompt is None:
+        raise bad("prompt is required")
+    if not isinstance(prompt, str):
+        raise bad(f"prompt must be a string, got {type(prompt).__name__}")
+    if not prompt:
+        raise bad("prompt must not be empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may spell a lone surrogate: "\ud800"
+        raise bad("prompt contains a lone surrogate, which is not Unicode text") from None
+    return prompt
+
+
+def _conversation_id(obj: dict) -> str | None:
+    value = obj.get("conversation_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", value):
+        raise bad("conversation_id must be an id returned by this server")
+    return value
+
+
+def parse_generation_request(body: bytes | str) -> GenerationRequest:
+    """Validate a request strictly; raise ``HTTPError(400)`` with a message that names the field.
+
+    Unknown keys are ignored, so clients can send fields meant for other servers.
+    """
+    obj = load_json(body)
+    if not isinstance(obj, dict):
+        raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
+    return GenerationRequest(
+        prompt=_prompt(obj),
+        max_tokens=_integer(obj, "max_tokens", 100, 1, 4096),
+        seed=_integer(obj, "seed", 0, 0, 2**63 - 1),
+        chat=_boolean(obj, "chat", True),
+        ignore_eos=_boolean(obj, "ignore_eos", False),
+        temperature=_number(obj, "temperature", 0.7, 0.0, 2.0),
+        top_p=_number(obj, "top_p", 0.9, 0.0, 1.0, low_open=True),
+        keep_open=_boolean(obj, "keep_open", False),
+        conversation_id=_conversation_id(obj),
+    )
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:
+    """Refuse, before any compute, a request that cannot fit the model's context window.
+
+    Counted in tokens, the unit the model reads: a byte limit lets 8,300 digits
+    (8,300 tokens) through while refusing a shorter text in a script that
+    costs 3 bytes a character.
+    """
+    if context is not None and prompt_tokens + max_tokens > context:
+        raise bad(
+            f"the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}: together"
+            f" {prompt_tokens + max_tokens}, more than the model's context of {context} tokens"
+        )
+
+
+def last_event_id(request: Request) -> int | None:
+    """The ``Last-Event-ID`` of a reconnecting ``EventSource``: None when absent or not one of ours.
+
+    A value we never sent (not a plain number) is treated as absent, so the
+    reader gets the whole stream again rather than an error it cannot act on.
+    """
+    value = (request.header("last-event-id") or "").strip()
+    return int(value) if re.fullmatch(r"[0-9]{1,18}", value) else None

@@ -1,0 +1,135 @@
+"""``EventStream``: one object owns a Server-Sent Events response, for every SSE route.
+
+The head (``text/event-stream``, no caching or transforming, nginx told not
+to buffer), the framing of each write (HTTP/1.1 chunks, or raw bytes ending
+at close for HTTP/1.0, which nginx speaks to its upstreams by default), the
+events, the ``: ping`` comments in the silences, the end of the body, and
+whether the connection outlives it: all here, once. Routes differ only in
+the *source* of events they plug in (a live generation, a kept list of
+numbered events) and in the wire format of each event.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from .. import sse
+from ..http import LAST_CHUNK, Request, encode_chunk, response_head
+from .config import RETRY_MS
+from .connection import ClientConnection
+from .jobs import Job, Jobs, delivered
+
+
+def dumps(obj: Any) -> str:
+    # ensure_ascii=False: "é" travels as 2 UTF-8 bytes, not as the 6 of "\u00e9".
+    return json.dumps(obj, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event to send: ``data`` as JSON (a ``str`` as it is), an event name, an ``id:`` and a ``retry:``."""
+
+    data: Any
+    name: str = "message"
+    id: int | None = None
+    retry: int | None = None
+
+    def encode(self) -> bytes:
+        data = self.data if isinstance(self.data, str) else dumps(self.data)
+        event = None if self.name == "message" else self.name
+        return sse.encode_event(data, event=event, id=None if self.id is None else str(self.id), retry=self.retry)
+
+
+class EventStream:
+    """A Server-Sent Events response on one connection: ``open``, ``send``/``ping``..., ``close``.
+
+    ``keep_alive`` says whether the connection may carry another request
+    after this body: only an HTTP/1.1 chunked body can say where it ends, and
+    a route that will close anyway says ``Connection: close`` in the head, so
+    that a pooled client (httpx, requests) does not reuse a connection we are
+    about to close. Every event is one write: a ping never lands inside one.
+    """
+
+    def __init__(
+        self,
+        client: ClientConnection,
+        request: Request,
+        *,
+        headers: list[tuple[str, str]] = (),  # type: ignore[assignment]
+        accel_header: bool = True,
+        keep_alive: bool = True,
+    ) -> None:
+        self.client = client
+        self.http10 = request.version == "HTTP/1.0"
+        self.head_only = request.method == "HEAD"
+        self.keep_alive = keep_alive and not self.http10 and request.keep_alive() and not self.head_only
+        self.headers = list(headers)
+        self.accel_header = accel_header
+        self.events_sent = 0
+
+    async def open(self) -> None:
+        headers = [
+            ("Content-Type", "text/event-stream; charset=utf-8"),
+            # no-transform: no proxy may compress or rewrite it (gzip buffers ~32 KiB).
+            ("Cache-Control", "no-cache, no-transform"),
+            *self.headers,
+        ]
+        if self.accel_header:
+            headers.append(("X-Accel-Buffering", "no"))  # nginx: pass each write on at once
+        if not self.keep_alive:
+            headers.append(("Connection", "close"))
+        # HTTP/1.0 has no chunked coding: the body is the bytes as they are, ending when we close.
+        await self.client.send(response_head(200, headers, chunked=not self.http10))
+
+    def _frame(self, data: bytes) -> bytes:
+        return data if self.http10 else encode_chunk(data)
+
+    async def send(self, event: Event) -> None:
+        await self.client.send(self._frame(event.encode()))
+        self.events_sent += 1
+
+    async def ping(self) -> None:
+        await self.client.send(self._frame(sse.encode_comment("ping")))
+
+    async def pump(self, events: AsyncIterator[Event | None]) -> None:
+        """The one streaming loop: each event as it comes, a ping for each ``None`` (a silence)."""
+        async with aclosing(events) as items:
+            async for event in items:
+                if event is None:
+                    await self.ping()
+                else:
+                    await self.send(event)
+
+    async def close(self) -> None:
+        """End the body: the zero-length chunk; for HTTP/1.0 nothing (closing the connection ends it)."""
+        if not self.http10:
+            await self.client.send(LAST_CHUNK)
+
+
+async def job_events(jobs: Jobs, job: Job, ping_interval: float, *, numbered: bool = False) -> AsyncIterator[Event | None]:
+    """A live generation in streamlab's own format: ``{"text"}`` per piece, then ``end`` (or ``error``).
+
+    ``/stream`` adds ``data: [DONE]`` after ``end``, as OpenAI's streams do, and
+    never after ``error``: a client must not mistake a failed answer for a
+    complete one. ``numbered`` gives each event an ``id:`` (and the first a
+    ``retry:``) as the resumable ``/generations`` streams have.
+    """
+    number = 0
+
+    def event(data: Any, name: str = "message") -> Event:
+        nonlocal number
+        number += 1
+        if not numbered:
+            return Event(data, name)
+        return Event(data, name, id=number, retry=RETRY_MS if number == 1 else None)
+
+    async for piece in delivered(job, ping_interval):
+        yield None if piece is None else event({"text": piece.text})
+    await jobs.finish(job)
+    name, data = job.ending()
+    yield event(data, name)
+    if name == "end" and not numbered:
+        yield Event(sse.DONE)

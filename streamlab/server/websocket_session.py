@@ -1,0 +1,241 @@
+"""One WebSocket after its 101: request messages in, ``{"text"}`` messages out, with one state field.
+
+Everything the client says arrives as frames on this one connection: a
+request, a ping to answer, ``{"stop": true}``, a close frame, or EOF. In
+watching mode a task reads them while a generation streams; in naive mode
+nobody reads while generating, so pings go unanswered and stops go unheard.
+
+Between requests the session bounds the silence, as python-websockets does:
+after ``ws_ping_interval`` quiet seconds it pings, and closes with 1011 when
+no pong comes within ``ws_ping_timeout`` (a peer that vanished); a peer that
+answers pings but asks for nothing for ``ws_idle_timeout`` is closed with
+1001 (it holds a connection for nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import time
+from collections import deque
+from contextlib import asynccontextmanager, suppress
+from typing import Any, AsyncIterator
+
+from .. import websocket as ws
+from ..http import HTTPError
+from ..stops import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
+from .config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
+from .connection import ClientConnection, ClientGone, in_background
+from .jobs import Job, Jobs, delivered, error_body
+from .requests import parse_generation_request
+from .streams import dumps
+
+TRY_AGAIN_LATER = 1013  # the IANA registry's close code for "overloaded, come back later"
+
+
+class State(enum.Enum):
+    """Where the session is; every change is made by ``_end`` or ``close``, nowhere else."""
+
+    OPEN = "open"  # requests may come and answers go
+    CLOSING = "closing"  # the peer is done (CLOSE, EOF, broke the protocol) or we are: read no more
+    CLOSED = "closed"  # the closing handshake is over and the socket closed
+
+
+def _is_stop(text: str) -> bool:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("stop") is True
+
+
+class WebSocketSession:
+    def __init__(self, jobs: Jobs, config: ServerConfig, client: ClientConnection, first_id: str) -> None:
+        self.jobs = jobs
+        self.config = config
+        self.client = client
+        self.conn = ws.Connection(client=False, max_message=MAX_WS_MESSAGE)
+        self.state = State.OPEN
+        self.inbox: deque[str] = deque()  # request messages not yet served
+        self.job: Job | None = None
+        self.peer_gone = False  # EOF or a failed write: nothing more can be sent either
+        self.close_with: tuple[int, str] = (1000, "")
+        self.next_id: str | None = first_id  # announced in the 101's X-Request-Id
+        self.ping_sent_at: float | None = None  # a keep-alive ping awaiting its pong
+
+    async def run(self) -> None:
+        try:
+            while (text := await self.next_message()) is not None:
+                if not await self.answer(text):
+                    break
+        except ClientGone:
+            self.peer_gone = True
+        await self.close()
+
+    def _end(self, code: int, reason: str = "") -> None:
+        """Stop reading and, after the current answer, close with ``code`` (the first reason wins)."""
+        if self.state is State.OPEN:
+            self.close_with = (code, reason)
+            self.state = State.CLOSING
+
+    # -- reading -----------------------------------------------------------------
+
+    async def next_message(self) -> str | None:
+        """The next request message, answering pings and sending keep-alives meanwhile; None once it is over."""
+        idle_until = time.monotonic() + self.config.ws_idle_timeout
+        while not self.inbox:
+            if self.state is not State.OPEN:
+                return None
+            now = time.monotonic()
+            if now >= idle_until:
+                self._end(int(ws.CloseCode.GOING_AWAY), "idle timeout")
+                continue
+            if self.ping_sent_at is not None and now >= self.ping_sent_at + self.config.ws_ping_timeout:
+                self._end(int(ws.CloseCode.INTERNAL_ERROR), "keepalive ping timeout")
+                continue
+            if self.ping_sent_at is None:
+                wake = now + self.config.ws_ping_interval
+            else:
+                wake = self.ping_sent_at + self.config.ws_ping_timeout
+            try:
+                await self.receive(max(0.0, min(wake, idle_until) - now))
+            except asyncio.TimeoutError:
+                if self.ping_sent_at is None and time.monotonic() < idle_until:
+                    await self.client.send(self.conn.send_ping(b"keepalive"))
+                    self.ping_sent_at = time.monotonic()
+        return self.inbox.popleft()
+
+    async def receive(self, timeout: float | None = None) -> None:
+        """Read once from the socket (at most ``timeout`` seconds) and act on every event it completes."""
+        try:
+            data = await self.client.read(timeout)
+        except ConnectionError:
+            data = b""
+        if not data:
+            self.peer_gone = True
+            self.lost(EOF)
+            return
+        try:
+            events = self.conn.receive(data)
+        except ws.ProtocolError as err:
+            self._end(err.code, err.reason)
+            self.lost(PROTOCOL_ERROR)
+            return
+        for event in events:
+            self.handle(event)
+
+    def handle(self, event: ws.WebSocketEvent) -> None:
+        """Act on one event at once (no awaiting, so a cancelled watcher loses nothing)."""
+        if isinstance(event, ws.Ping):
+            if not self.conn.close_sent:
+                self.client.send_nowait(self.conn.send_pong(event.payload))
+        elif isinstance(event, ws.Pong):
+            self.ping_sent_at = None
+        elif isinstance(event, ws.CloseReceived):
+            code = event.code if ws.is_valid_close_code(event.code) else 1000
+            self._end(code)  # echo the peer's code, as RFC 6455 suggests
+            self.lost(CLOSE_FRAME)
+        elif isinstance(event, ws.BinaryMessage):
+            self._end(int(ws.CloseCode.UNSUPPORTED_DATA), "binary messages are not supported")
+            self.lost(PROTOCOL_ERROR)
+        elif isinstance(event, ws.TextMessage):
+            if not _is_stop(event.text):
+                self.inbox.append(event.text)
+            elif self.job is not None:
+                self.jobs.stop(self.job, STOP_MESSAGE)
+
+    def lost(self, signal: str) -> None:
+        """The peer will send nothing more: stop reading, and stop its generation."""
+        self._end(1000)
+        if self.job is not None:
+            self.jobs.stop(self.job, signal)
+
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Read frames while the answer streams: pings, stop, close, EOF (not in naive mode)."""
+        if self.config.naive:
+            yield
+            return
+
+        async def watch() -> None:
+            while self.state is State.OPEN:
+                await self.receive()
+
+        async with in_background(watch()):
+            yield
+
+    # -- answering ---------------------------------------------------------------
+
+    async def send_json(self, obj: Any) -> None:
+        await self.client.send(self.conn.send_text(dumps(obj)))
+
+    def take_id(self) -> str:
+        request_id, self.next_id = self.next_id, None
+        return request_id or self.jobs.new_id()
+
+    async def answer(self, text: str) -> bool:
+        """Serve one request message; True if the client asked to keep the socket open for more."""
+        try:
+            req = parse_generation_request(text)
+            job = self.jobs.start("/ws", req, self.take_id())
+        except HTTPError as err:  # a bad request, a conversation_id we do not have, or the server is busy
+            await self.send_json(error_body(err.status, err.message))
+            busy = err.status == 503
+            code = TRY_AGAIN_LATER if busy else int(ws.CloseCode.POLICY_VIOLATION)
+            self._end(code, "server busy" if busy else "bad request")
+            return False
+        self.job = job
+        try:
+            async with self.watching():
+                await self._send_pieces(job)
+        except ClientGone as gone:
+            self.jobs.stop(job, gone.signal)
+            self.peer_gone = True
+        finally:
+            self.job = None
+            await self.jobs.finish(job)
+        if self.state is not State.OPEN:
+            return False
+        name, ending = job.ending()
+        if name == "error":
+            await self.send_json({**ending, "id": job.record.id})
+            self._end(int(ws.CloseCode.INTERNAL_ERROR), "generation failed")
+            return False
+        await self.send_json({"done": True, **ending, "id": job.record.id})
+        return req.keep_open
+
+    async def _send_pieces(self, job: Job) -> None:
+        async for piece in delivered(job, self.config.ping_interval):
+            if self.state is not State.OPEN:  # the peer sent CLOSE: no more data frames
+                return
+            if piece is None:
+                await self.client.send(self.conn.send_ping(b"keepalive"))
+            else:
+                await self.client.send(self.conn.send_text(dumps({"text": piece.text})))
+
+    # -- closing -----------------------------------------------------------------
+
+    async def close(self) -> None:
+        """The closing handshake: send CLOSE (echoing theirs), await theirs briefly, close TCP."""
+        self._end(1000)
+        if not self.peer_gone and not self.conn.close_sent:
+            code, reason = self.close_with
+            with suppress(ClientGone):
+                await self.client.send(self.conn.send_close(code, reason))
+            if not self.conn.close_received:
+                await self._await_peer_close()
+        await self.client.close()
+        self.state = State.CLOSED
+
+    async def _await_peer_close(self) -> None:
+        deadline = time.monotonic() + WS_CLOSE_WAIT
+        while not self.conn.close_received and (left := deadline - time.monotonic()) > 0:
+            try:
+                data = await self.client.read(left)
+            except (asyncio.TimeoutError, ConnectionError):
+                return
+            if not data:
+                return
+            with suppress(ws.ProtocolError):  # after an error the stream is past reading
+                self.conn.receive(data)
