@@ -3,10 +3,15 @@
 HTTP libraries are built to hide what we want to see: when each byte arrived,
 how many bytes framed each piece of text, whether the stream ended with its
 end marker or was simply cut. So this client writes its requests by hand,
-reads with plain ``recv`` calls, and parses with the same sans-IO modules the
-server uses (``http``, ``sse``, ``websocket``). Every ``recv`` and every
-event is stamped with the time since the request was written, into a
-``Trace``.
+reads with plain ``recv`` calls, and records what it reads into a ``Trace``
+(``streamlab.trace``, whose recorders parse with the same sans-IO modules the
+server uses: ``http``, ``sse``, ``websocket``). Every ``recv`` and every
+event is stamped with the time since the request was written.
+
+Every request names the server as ``Host: 127.0.0.1:PORT`` (or whatever
+``host`` it connected to) and every POST says ``Content-Type:
+application/json``; no request sends an ``Origin`` unless asked to (only a
+browser's page has one).
 
     trace = stream_sync(port, "Tell me about ferries", 30)
     trace.first_text, trace.end, trace.ratio
@@ -21,13 +26,13 @@ import functools
 import json
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, TypeVar
 
-from . import sse
 from . import websocket as ws
 from .aio import run_sync
-from .http import BodyReader, IncompleteBody, Response, ResponseHeadParser
+from .http import IncompleteBody
+from .trace import ResponseRecorder, Trace, TraceEvent, last_id, record_message
 
 __all__ = [
     "ClientError",
@@ -48,153 +53,19 @@ __all__ = [
     "get_json_sync",
     "last_id",
     "post",
+    "post_request",
     "post_sync",
     "request_body",
     "resume",
     "resume_sync",
     "stream",
     "stream_sync",
+    "sync_twin",
     "wait_log",
     "wait_log_sync",
     "websocket",
     "websocket_sync",
 ]
-
-
-# --------------------------------------------------------------------------
-# What a request looked like from the reader's side
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class TraceEvent:
-    """One event as the reader got it.
-
-    ``t`` is seconds since the request was written; ``kind`` is ``text``,
-    ``end``, ``done``, ``ping``, ``error``, ``close``...; ``nbytes`` is the
-    event's size as encoded on the wire (an SSE event without its chunk
-    framing, a whole WebSocket frame), where known; ``data`` the parsed JSON;
-    ``id`` the stream's last event id when it arrived (SSE ids are sticky),
-    None on a stream without ids: what a reconnect sends as ``Last-Event-ID``.
-    """
-
-    t: float
-    kind: str
-    text: str = ""
-    nbytes: int | None = None
-    data: Any = None
-    id: str | None = None
-
-
-@dataclass
-class Trace:
-    """Everything one request did on the wire, with times relative to ``sent``.
-
-    ``complete`` is True only when the end marker arrived (``[DONE]``, the
-    WebSocket ``done`` message, or a whole ``/complete`` body): a connection
-    that just closes looks like a finished answer to many clients, and is
-    recorded here as truncated. ``left`` is True when this client walked
-    away on purpose (``stop_after``, ``leave_after``).
-    """
-
-    way: str
-    sent: float = 0.0
-    chunks: list[tuple[float, int]] = field(default_factory=list)
-    events: list[TraceEvent] = field(default_factory=list)
-    status: int | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    request_id: str | None = None
-    text: str = ""
-    stop_reason: str | None = None
-    tokens: int | None = None
-    complete: bool = False
-    left: bool = False
-    error: Any = None
-    close_code: int | None = None
-    body: bytes = b""
-    first_byte: float | None = None
-    first_text: float | None = None
-    end: float | None = None
-    total_bytes: int = 0
-
-    @property
-    def text_bytes(self) -> int:
-        """Bytes of text the reader got, in UTF-8."""
-        return len(self.text.encode("utf-8"))
-
-    @property
-    def ratio(self) -> float:
-        """Bytes on the wire per byte of text: the price of each way of delivering."""
-        return self.total_bytes / self.text_bytes if self.text_bytes else float("nan")
-
-    @property
-    def text_events(self) -> list[TraceEvent]:
-        return [e for e in self.events if e.kind == "text" and e.text]
-
-    def gaps(self) -> list[float]:
-        """Seconds between consecutive text events: what the reader feels as stutter."""
-        times = [e.t for e in self.text_events]
-        return [b - a for a, b in zip(times, times[1:])]
-
-    def summary(self) -> dict[str, Any]:
-        """One row for a table."""
-        return {
-            "way": self.way,
-            "status": self.status,
-            "first_text_s": self.first_text,
-            "end_s": self.end,
-            "text_events": len(self.text_events),
-            "total_bytes": self.total_bytes,
-            "text_bytes": self.text_bytes,
-            "ratio": self.ratio,
-            "stop_reason": self.stop_reason,
-            "complete": self.complete,
-        }
-
-    # -- recording (used while reading) ------------------------------------------
-
-    def now(self) -> float:
-        return time.perf_counter() - self.sent
-
-    def got_bytes(self, nbytes: int) -> float:
-        """Record one ``recv``; return its time."""
-        t = self.now()
-        self.chunks.append((t, nbytes))
-        self.total_bytes += nbytes
-        if self.first_byte is None:
-            self.first_byte = t
-        return t
-
-    def got_event(
-        self, t: float, kind: str, text: str = "", nbytes: int | None = None, data: Any = None
-    ) -> None:
-        self.events.append(TraceEvent(t, kind, text, nbytes, data))
-        if text:
-            self.text += text
-            if self.first_text is None:
-                self.first_text = t
-
-    def got_end(self, t: float, info: Any) -> None:
-        """The end marker, with whatever it says about how the answer ended."""
-        if isinstance(info, dict):
-            self.stop_reason = info.get("stop_reason", self.stop_reason)
-            self.tokens = info.get("tokens", self.tokens)
-            self.request_id = info.get("id") or self.request_id
-        self.end = t
-
-    def got_error(self, t: float, error: Any, nbytes: int | None = None) -> None:
-        self.error = error.get("error", error) if isinstance(error, dict) else error
-        self.stop_reason = "error"
-        self.got_event(t, "error", nbytes=nbytes, data=error)
-
-    def got_head(self, response: Response) -> None:
-        self.status = response.status
-        self.headers = dict(response.headers)
-        self.request_id = self.headers.get("x-request-id")
-
-    def finish(self) -> None:
-        if self.end is None and self.chunks:
-            self.end = self.chunks[-1][0]
 
 
 class ClientError(Exception):
@@ -230,7 +101,8 @@ def request_body(
 
 
 async def _connect(host: str, port: int, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    connecting = asyncio.open_connection(host.strip("[]"), port)
+    reader, writer = await asyncio.wait_for(connecting, timeout)
     sock = writer.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # our small writes go out at once
@@ -259,7 +131,13 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 
 def _host_header(host: str, port: int) -> str:
-    return f"{host}:{port}"
+    """The ``Host`` value for ``host:port``; an IPv6 literal goes in brackets (``[::1]:8000``)."""
+    name = host.strip("[]")
+    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+
+
+def _head(lines: list[str]) -> bytes:
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 # --------------------------------------------------------------------------
@@ -267,117 +145,28 @@ def _host_header(host: str, port: int) -> str:
 # --------------------------------------------------------------------------
 
 
-class _ResponseReading:
-    """Response bytes in, trace entries out: head, then body, then SSE events if it is a stream."""
+def post_request(
+    port: int, path: str, body: dict[str, Any], *, host: str = "127.0.0.1", http10: bool = False
+) -> bytes:
+    """The bytes of a JSON POST as this client writes it: the head, then ``body`` as UTF-8 JSON.
 
-    def __init__(self, trace: Trace, method: str = "POST") -> None:
-        self.trace = trace
-        self.method = method
-        self.head = ResponseHeadParser()
-        self.body: BodyReader | None = None
-        self.events: sse.EventStreamParser | None = None
-        self.raw = bytearray()
-        self.done = False
-
-    def feed(self, data: bytes, t: float) -> None:
-        if self.body is None:
-            response = self.head.feed(data)
-            if response is None:
-                return
-            data = self.head.rest
-            if 100 <= response.status < 200 and response.status != 101:
-                # "100 Continue" and friends are interim: the real response follows.
-                self.head = ResponseHeadParser()
-                self.feed(data, t)
-                return
-            self.trace.got_head(response)
-            self.body = BodyReader(response, self.method)
-            if (response.header("content-type") or "").startswith("text/event-stream"):
-                self.events = sse.EventStreamParser()
-                self.trace.way = "stream"
-        for piece in self.body.feed(data):
-            self.raw += piece
-            if self.events is not None:
-                self._feed_events(piece, t)
-        if self.body.done:
-            self._body_done(t)
-
-    def _feed_events(self, piece: bytes, t: float) -> None:
-        assert self.events is not None
-        comments = self.events.comments
-        for event in self.events.feed(piece):
-            recorded = len(self.trace.events)
-            self._on_event(event, t)
-            if event.id and len(self.trace.events) > recorded:
-                self.trace.events[-1].id = event.id
-        for _ in range(self.events.comments - comments):
-            self.trace.got_event(t, "ping", data=self.events.last_comment)
-
-    def _on_event(self, event: sse.Event, t: float) -> None:
-        trace = self.trace
-        nbytes = len(sse.encode_event(event.data, event=None if event.event == "message" else event.event))
-        if event.event == "message" and event.data == sse.DONE:
-            trace.complete = True
-            trace.got_event(t, "done", nbytes=nbytes)
-            trace.end = t
-            return
-        try:
-            data = json.loads(event.data)
-        except ValueError:
-            data = event.data
-        if event.event == "end":
-            trace.got_event(t, "end", nbytes=nbytes, data=data)
-            trace.got_end(t, data)
-        elif event.event == "error":
-            trace.got_error(t, data, nbytes)
-        elif isinstance(data, dict) and "text" in data:
-            trace.got_event(t, "text", data["text"], nbytes, data)
-        else:
-            trace.got_event(t, event.event, nbytes=nbytes, data=data)
-
-    def _body_done(self, t: float) -> None:
-        self.done = True
-        trace = self.trace
-        trace.body = bytes(self.raw)
-        if self.events is not None:
-            return
-        try:
-            data = json.loads(trace.body) if trace.body else None
-        except ValueError:
-            data = trace.body
-        if trace.status == 200 and isinstance(data, dict) and "text" in data:
-            trace.got_event(t, "text", data["text"], len(trace.body), data)
-            trace.got_end(t, data)
-            trace.complete = True
-        elif trace.status is not None and trace.status >= 400:
-            trace.got_error(t, data, len(trace.body))
-
-    def eof(self) -> None:
-        """The server closed: a close-delimited body ends here; any other is truncated."""
-        if self.body is None or self.done:
-            return
-        try:
-            self.body.eof()
-        except IncompleteBody:
-            return
-        self._body_done(self.trace.now())
-
-
-def _post_head(path: str, host: str, port: int, length: int, http10: bool) -> bytes:
-    version = "HTTP/1.0" if http10 else "HTTP/1.1"
-    lines = [
-        f"POST {path} {version}",
+    ``Host`` names the server, ``Content-Type: application/json`` (a server
+    refuses a POST without it, 415), ``Content-Length``, ``Connection: close``.
+    """
+    payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    head = _head([
+        f"POST {path} {'HTTP/1.0' if http10 else 'HTTP/1.1'}",
         f"Host: {_host_header(host, port)}",
         "Content-Type: application/json",
-        f"Content-Length: {length}",
+        f"Content-Length: {len(payload)}",
         "Connection: close",
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    ])
+    return head + payload
 
 
 async def _read_response(
     reader: asyncio.StreamReader,
-    reading: "_ResponseReading",
+    reading: ResponseRecorder,
     trace: Trace,
     path: str,
     timeout: float,
@@ -423,13 +212,12 @@ async def post(
     which only the server's disconnect watch can notice. ``http10`` sends an
     HTTP/1.0 request, as nginx does to its upstreams by default.
     """
-    payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
     trace = Trace(way=path.strip("/") or "post")
-    reading = _ResponseReading(trace)
+    reading = ResponseRecorder(trace)
     reader, writer = await _connect(host, port, timeout)
     try:
         trace.sent = time.perf_counter()
-        writer.write(_post_head(path, host, port, len(payload), http10) + payload)
+        writer.write(post_request(port, path, body, host=host, http10=http10))
         await writer.drain()
         await _read_response(reader, reading, trace, path, timeout, read_size, stop_after, leave_after)
     finally:
@@ -481,7 +269,7 @@ def _get_head(path: str, host: str, port: int, last_event_id: str | None) -> byt
     ]
     if last_event_id is not None:
         lines.append(f"Last-Event-ID: {last_event_id}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return _head(lines)
 
 
 async def events(
@@ -502,7 +290,7 @@ async def events(
     (the server has nothing more for us) leaves ``status`` 204 and no events.
     """
     trace = Trace(way="events")
-    reading = _ResponseReading(trace, "GET")
+    reading = ResponseRecorder(trace, "GET")
     reader, writer = await _connect(host, port, timeout)
     last = None if last_event_id is None else str(last_event_id)
     try:
@@ -516,11 +304,6 @@ async def events(
     trace.complete = trace.complete or any(e.kind == "end" for e in trace.events)
     trace.finish()
     return trace
-
-
-def last_id(trace: Trace) -> str | None:
-    """The id of the last event in ``trace`` that had one: what a reconnect sends as ``Last-Event-ID``."""
-    return next((e.id for e in reversed(trace.events) if e.id is not None), None)
 
 
 async def resume(
@@ -567,7 +350,7 @@ class _WebSocketReading:
     def feed(self, data: bytes, t: float) -> None:
         for event in self.conn.receive(data):
             if isinstance(event, ws.TextMessage):
-                self._on_message(event.text, t)
+                record_message(self.trace, event.text, _frame_size(len(event.text.encode("utf-8"))), t)
             elif isinstance(event, ws.Ping):
                 self.trace.got_event(t, "ping", nbytes=_frame_size(len(event.payload)))
                 self.writer.write(self.conn.send_pong(event.payload))
@@ -583,27 +366,6 @@ class _WebSocketReading:
                 self.finished = True
                 return
         self._maybe_leave()
-
-    def _on_message(self, text: str, t: float) -> None:
-        trace = self.trace
-        nbytes = _frame_size(len(text.encode("utf-8")))
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = text
-        if not isinstance(data, dict):
-            trace.got_event(t, "message", nbytes=nbytes, data=data)
-        elif "text" in data:
-            trace.got_event(t, "text", data["text"], nbytes, data)
-        elif data.get("done"):
-            trace.complete = True
-            trace.got_event(t, "done", nbytes=nbytes, data=data)
-            trace.got_end(t, data)
-        elif "error" in data:
-            trace.request_id = data.get("id") or trace.request_id
-            trace.got_error(t, data, nbytes)
-        else:
-            trace.got_event(t, "message", nbytes=nbytes, data=data)
 
     def _maybe_leave(self) -> None:
         if self.stop_after is None or self.finished or len(self.trace.text_events) < self.stop_after:
@@ -630,13 +392,13 @@ async def _handshake(
     origin: str | None,
     deadline: float,
     read_size: int,
-) -> tuple[str, bytes] | None:
-    """Send the upgrade request and read the answer; return (key, early frame bytes), or None if refused."""
+) -> bytes | None:
+    """Send the upgrade request and read the answer: the frame bytes that came with it, None if refused."""
     key = ws.new_key()
     trace.sent = time.perf_counter()
     writer.write(ws.client_handshake(_host_header(host, port), path, key, origin=origin))
     await writer.drain()
-    reading = _ResponseReading(trace, "GET")
+    reading = ResponseRecorder(trace, "GET")
     while trace.status is None:
         data = await _recv(reader, read_size, deadline)
         if data is None:
@@ -646,7 +408,7 @@ async def _handshake(
         reading.feed(data, trace.got_bytes(len(data)))
     if trace.status == 101:
         ws.check_server_response(trace.status, trace.headers, key)
-        return key, reading.head.rest
+        return reading.head.rest
     while not reading.done:  # a refusal: read its JSON error body
         data = await _recv(reader, read_size, deadline)
         if not data:
@@ -679,26 +441,20 @@ async def websocket(
     round trip counts, as it would for a user. ``stop_after=N`` acts after N
     text messages: with ``say_stop`` it sends ``{"stop": true}`` and reads on
     to the ``done`` message; without, it sends CLOSE and hangs up.
+    ``origin`` sends an ``Origin`` as a browser's page would; by default
+    there is none, as from any program that is not a browser.
     """
     trace = Trace(way="ws")
     reader, writer = await _connect(host, port, timeout)
     try:
         deadline = time.perf_counter() + timeout
-        shook = await _handshake(
-            reader,
-            writer,
-            trace,
-            host=host,
-            port=port,
-            path=path,
-            origin=origin,
-            deadline=deadline,
+        early = await _handshake(
+            reader, writer, trace, host=host, port=port, path=path, origin=origin, deadline=deadline,
             read_size=read_size,
         )
-        if shook is None:
+        if early is None:
             trace.finish()
             return trace
-        _, early = shook
         reading = _WebSocketReading(trace, writer, stop_after, say_stop)
         body = request_body(prompt, max_tokens, seed=seed, chat=chat, ignore_eos=ignore_eos, extra=extra)
         writer.write(reading.conn.send_text(json.dumps(body, ensure_ascii=False)))
@@ -720,7 +476,7 @@ async def websocket(
 
 
 # --------------------------------------------------------------------------
-# Small JSON requests: /health, /log
+# Small JSON requests: /health, /log, /generations
 # --------------------------------------------------------------------------
 
 
@@ -746,18 +502,27 @@ async def fetch(
     host: str = "127.0.0.1",
     timeout: float = 30.0,
 ) -> Reply:
-    """One request, one whole response (any status): for small JSON endpoints and error cases."""
+    """One request, one whole response (any status): for small JSON endpoints and error cases.
+
+    A ``body`` (a dict goes as JSON) is sent as ``Content-Type:
+    application/json``. ``headers`` are added to the request; one that
+    names a header this client writes itself (``Host``, ``Content-Type``,
+    ``Connection``...) replaces it, so an error case can send a wrong one.
+    """
     payload = json.dumps(body).encode("utf-8") if isinstance(body, dict) else (body or b"")
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {_host_header(host, port)}", "Connection: close"]
+    ours = [("Host", _host_header(host, port)), ("Connection", "close")]
     if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
-    lines += [f"{name}: {value}" for name, value in headers or []]
+        ours += [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+    given = list(headers or [])
+    replaced = {name.lower() for name, _ in given}
+    fields = [(name, value) for name, value in ours if name.lower() not in replaced] + given
+    lines = [f"{method} {path} HTTP/1.1"] + [f"{name}: {value}" for name, value in fields]
     reader, writer = await _connect(host, port, timeout)
     trace = Trace(way="fetch")
-    reading = _ResponseReading(trace, method)
+    reading = ResponseRecorder(trace, method)
     try:
         trace.sent = time.perf_counter()
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
+        writer.write(_head(lines) + payload)
         await writer.drain()
         while not reading.done:
             data = await _recv(reader, 65536, trace.sent + timeout)
@@ -797,9 +562,13 @@ async def create_generation(
 async def cancel_generation(
     port: int, generation_id: str, *, host: str = "127.0.0.1", timeout: float = 30.0
 ) -> dict[str, Any]:
-    """``POST /generations/{id}/cancel``: the stop button; returns ``{"id", "status"}`` once it stopped."""
+    """``POST /generations/{id}/cancel``: the stop button; returns ``{"id", "status"}`` once it stopped.
+
+    The URL says it all, but the body is ``{}`` sent as JSON: the server
+    refuses any POST that is not ``application/json``.
+    """
     path = f"/generations/{generation_id}/cancel"
-    reply = await fetch(port, "POST", path, body=b"", host=host, timeout=timeout)
+    reply = await fetch(port, "POST", path, body={}, host=host, timeout=timeout)
     if reply.status >= 400:
         raise ClientError(reply.status, reply.body.decode("utf-8", "replace"))
     return reply.json()
@@ -831,7 +600,7 @@ async def wait_log(
 T = TypeVar("T")
 
 
-def _sync(coroutine_function: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+def sync_twin(coroutine_function: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     """The same call, run to completion: a script and a notebook cell use it alike."""
 
     @functools.wraps(coroutine_function)
@@ -843,14 +612,14 @@ def _sync(coroutine_function: Callable[..., Coroutine[Any, Any, T]]) -> Callable
     return run
 
 
-post_sync = _sync(post)
-complete_sync = _sync(complete)
-stream_sync = _sync(stream)
-websocket_sync = _sync(websocket)
-fetch_sync = _sync(fetch)
-get_json_sync = _sync(get_json)
-wait_log_sync = _sync(wait_log)
-events_sync = _sync(events)
-resume_sync = _sync(resume)
-create_generation_sync = _sync(create_generation)
-cancel_generation_sync = _sync(cancel_generation)
+post_sync = sync_twin(post)
+complete_sync = sync_twin(complete)
+stream_sync = sync_twin(stream)
+websocket_sync = sync_twin(websocket)
+fetch_sync = sync_twin(fetch)
+get_json_sync = sync_twin(get_json)
+wait_log_sync = sync_twin(wait_log)
+events_sync = sync_twin(events)
+resume_sync = sync_twin(resume)
+create_generation_sync = sync_twin(create_generation)
+cancel_generation_sync = sync_twin(cancel_generation)

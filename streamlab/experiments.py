@@ -8,7 +8,6 @@ keeps the client traces for the plots.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -73,9 +72,8 @@ async def give_up_on_complete(port: int, body: dict[str, Any], after_tokens: int
     final record of the request (how many tokens it made in all).
     """
     known = {r["id"] for r in await client.get_json(port, "/log")}
-    payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(client._post_head("/complete", "127.0.0.1", port, len(payload), False) + payload)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(client.post_request(port, "/complete", body))
     await writer.drain()
     deadline = time.perf_counter() + timeout
     mine: dict[str, Any] | None = None
@@ -91,7 +89,7 @@ async def give_up_on_complete(port: int, body: dict[str, Any], after_tokens: int
     return await client.wait_log(port, mine["id"], timeout)
 
 
-give_up_on_complete_sync = client._sync(give_up_on_complete)
+give_up_on_complete_sync = client.sync_twin(give_up_on_complete)
 
 
 @dataclass
@@ -124,10 +122,9 @@ async def eventsource_like(
         if trace.status != 200:
             out.stopped_by_204 = trace.status == 204
             break
-        ids = [e.id for e in trace.events if getattr(e, "id", None)]
-        last_id = ids[-1] if ids else last_id
+        last_id = client.last_id(trace) or last_id
         await asyncio.sleep(retry)
     return out
 
 
-eventsource_like_sync = client._sync(eventsource_like)
+eventsource_like_sync = client.sync_twin(eventsource_like)

@@ -185,7 +185,8 @@ def upstream_request_head(
     """The request as the upstream sees it.
 
     ``Host`` is kept as the reader sent it, so the server sees the name the
-    reader used (nginx by default sends its upstream's address instead);
+    reader used (nginx by default sends its upstream's address instead),
+    and checks it: a loopback name passes, whatever its port;
     ``X-Forwarded-For`` gains the reader's address, the one thing the
     server can no longer see for itself. The body, read whole and
     de-chunked, goes with a ``Content-Length``. ``Connection: close``: one
@@ -385,7 +386,8 @@ class Proxy:
             return await _fail(writer, exchange, 502, f"upstream {host}:{port} unreachable: {reason}")
         try:
             client_ip = writer.get_extra_info("peername")[0]
-            head = upstream_request_head(request, len(body), client_ip=client_ip, upstream=f"{host}:{port}")
+            upstream = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 literal in brackets
+            head = upstream_request_head(request, len(body), client_ip=client_ip, upstream=upstream)
             up_writer.write(head + body)
             # Whatever the client sends from now on: a tunnel forwards it, a
             # plain request only reads it, to notice the EOF of a departure.

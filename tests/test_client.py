@@ -1,4 +1,7 @@
-"""Tests for streamlab.client: the timing client against scripted fake servers, and one real one."""
+"""Tests for streamlab.client: the timing client against scripted fake servers, and one real one.
+
+The Trace it fills, and the recorders that parse what it reads, are tested in test_trace.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import pytest
 
 from streamlab import client, sse
 from streamlab import websocket as ws
-from streamlab.client import Trace, TraceEvent
+from streamlab import trace as trace_mod
+from streamlab.client import Trace
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,20 +98,6 @@ DONE = sse.encode_done()
 
 def run(coro: Awaitable) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------
-# Trace arithmetic
-# --------------------------------------------------------------------------
-
-
-def test_trace_properties():
-    trace = Trace(way="stream", text="héllo", total_bytes=60)
-    trace.events = [TraceEvent(0.1, "text", "hé"), TraceEvent(0.15, "ping"), TraceEvent(0.3, "text", "llo")]
-    assert trace.text_bytes == 6
-    assert trace.ratio == 10
-    assert trace.gaps() == pytest.approx([0.2])
-    assert trace.summary()["text_events"] == 2
 
 
 # --------------------------------------------------------------------------
@@ -243,7 +233,102 @@ def test_request_is_written_by_hand():
     lines = seen["head"].decode().split("\r\n")
     assert lines[0] == "POST /stream HTTP/1.1"
     assert f"Host: 127.0.0.1:{seen['port']}" in lines and "Connection: close" in lines
+    assert "Content-Type: application/json" in lines and f"Content-Length: {len(seen['body'])}" in lines
     assert json.loads(seen["body"]) == {"prompt": "héllo", "max_tokens": 7, "seed": 3, "top_p": 0.5}
+
+
+def header_values(head: bytes) -> dict[str, list[str]]:
+    """A request head's fields, by lowercased name (every value, to catch a header sent twice)."""
+    fields: dict[str, list[str]] = {}
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip().lower(), []).append(value.strip())
+    return fields
+
+
+def test_every_request_names_the_server_and_posts_json():
+    """What a server that checks Host, Origin and Content-Type sees from each of this client's requests."""
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, body = await read_request(reader)
+        seen.append((head, body))
+        if b"Upgrade: websocket" in head:  # refuse it: only its head matters here
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\n{}")
+        else:
+            reply = b'{"id": "g1", "status": "done", "done": true}'
+            status = "201 Created" if head.startswith(b"POST /generations ") else "200 OK"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Length: {len(reply)}\r\n\r\n".encode() + reply)
+        writer.close()
+
+    async def main() -> int:
+        async with serving(handler) as port:
+            await client.post(port, "/stream", {"prompt": "hi"})
+            await client.complete(port, "hi", 2)
+            await client.create_generation(port, {"prompt": "hi"})
+            await client.cancel_generation(port, "g1")
+            await client.events(port, "/generations/g1/events", last_event_id=3)
+            await client.get_json(port, "/health")
+            await client.wait_log(port, "g1")
+            await client.websocket(port, "hi", 2)
+            return port
+
+    port = run(main())
+    assert len(seen) == 8
+    for head, body in seen:
+        fields = header_values(head)
+        assert fields["host"] == [f"127.0.0.1:{port}"], head
+        assert "origin" not in fields, head
+        if head.startswith(b"POST "):
+            assert fields["content-type"] == ["application/json"], head
+            assert json.loads(body) is not None and fields["content-length"] == [str(len(body))]
+    cancel = next(body for head, body in seen if head.startswith(b"POST /generations/g1/cancel "))
+    assert cancel == b"{}"
+
+
+def test_fetch_headers_replace_ours():
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append((await read_request(reader))[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        writer.close()
+
+    async def main() -> None:
+        async with serving(handler) as port:
+            foreign = [("Host", "evil.example"), ("Origin", "http://evil.example")]
+            await client.fetch(port, "GET", "/health", headers=foreign)
+            form = [("content-type", "text/plain")]
+            await client.fetch(port, "POST", "/stream", body=b"prompt=hi", headers=form)
+
+    run(main())
+    first, second = (header_values(head) for head in seen)
+    assert first["host"] == ["evil.example"] and first["origin"] == ["http://evil.example"]
+    assert second["content-type"] == ["text/plain"] and second["content-length"] == ["9"]
+
+
+def test_host_header_of_an_ipv6_server():
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append((await read_request(reader))[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        writer.close()
+
+    async def main() -> int:
+        try:
+            server = await asyncio.start_server(handler, "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            assert await client.get_json(port, "/health", host="::1") == {}
+            assert await client.get_json(port, "/health", host="[::1]") == {}
+            return port
+
+    port = run(main())
+    assert [header_values(head)["host"] for head in seen] == [[f"[::1]:{port}"]] * 2
 
 
 def test_stop_after_closes_the_socket():
@@ -343,6 +428,12 @@ def test_sync_twins_work_inside_a_running_loop():
 
     assert run(main()) == []
     assert client.post_sync.__doc__.startswith("Synchronous ``post``")
+
+
+def test_trace_names_are_still_importable_from_client():
+    assert client.Trace is trace_mod.Trace and client.TraceEvent is trace_mod.TraceEvent
+    assert client.last_id is trace_mod.last_id
+    assert all(hasattr(client, name) for name in client.__all__)
 
 
 # --------------------------------------------------------------------------

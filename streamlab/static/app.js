@@ -721,8 +721,11 @@
     if (!state.generationId) return; // send() cancels as soon as it knows the id
     setStatus("Stopping… (" + plural(state.pieces.length, "piece") + " received)");
     try {
+      // The URL says it all, but the server takes no POST that is not JSON (415), so: {} as JSON.
       const response = await fetch("generations/" + encodeURIComponent(state.generationId) + "/cancel", {
         method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: "{}",
       });
       if (!response.ok && !state.ended) setStatus("Stop: " + (await errorText(response)), "warn");
     } catch (err) {
