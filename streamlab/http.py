@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, unquote
 
 __all__ = [
     "LAST_CHUNK",
+    "MAX_CONTENT_LENGTH",
     "BodyReader",
     "ChunkedDecoder",
     "HTTPError",
@@ -74,10 +75,19 @@ class IncompleteBody(Exception):
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Control characters other than HTAB may not appear in a header value.
 _FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-# The empty line that ends a head. CRLF is the standard; a bare LF is
-# accepted as RFC 9112 section 2.2 allows, so that hand-typed requests
-# (printf, netcat) work too.
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
+# Host = uri-host [ ":" port ] (RFC 9110 section 7.2, RFC 3986 section 3.2.2):
+# an IP literal in brackets or a reg-name (possibly empty), then digits.
+_HOST = re.compile(r"(?:\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+# An HTTP-version is case-sensitive "HTTP/" DIGIT "." DIGIT (RFC 9112 section 2.3).
+_VERSION = re.compile(r"HTTP/[0-9]\.[0-9]")
+# Control characters (except HTAB) in a chunk-size line: a bare CR in a
+# chunk extension is read as a line end by some parsers (a smuggling vector).
+_FORBIDDEN_IN_CHUNK_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+#: The largest Content-Length we can represent (a 63-bit length, what every
+#: server's file offsets use); a longer value is refused as malformed rather
+#: than handed to ``int()``, which refuses strings over 4300 digits.
+MAX_CONTENT_LENGTH = (1 << 63) - 1
 
 
 # --------------------------------------------------------------------------
@@ -85,25 +95,54 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 # --------------------------------------------------------------------------
 
 
-def _split_head_lines(head: bytes, bad_status: int) -> list[str]:
-    """Split a head into lines, refusing bytes that parsers disagree about.
+def _check_line_bytes(line: str, bad_status: int) -> None:
+    """Refuse a head line holding bytes that parsers disagree about.
 
     A NUL or a CR that is not part of CRLF is read as a line ending by some
     programs and as data by others. A proxy and a server that disagree about
     where a header ends can be tricked into seeing two different requests,
-    so both are refused outright.
+    so both are refused outright (RFC 9112 section 2.2 allows exactly that
+    for a bare CR).
     """
-    if b"\0" in head:
+    if "\0" in line:
         raise HTTPError(bad_status, "NUL byte in message head")
+    if "\r" in line:
+        raise HTTPError(bad_status, "bare CR in message head")
+
+
+def _split_head_lines(head: bytes, bad_status: int) -> list[str]:
+    """Split a head into lines (line endings removed), checking each one's bytes."""
     lines = head.decode("latin-1").split("\n")
     lines = [line[:-1] if line.endswith("\r") else line for line in lines]
     while lines and lines[-1] == "":
         lines.pop()  # the empty line(s) that terminated the head
-    if any("\r" in line for line in lines):
-        raise HTTPError(bad_status, "bare CR in message head")
+    for line in lines:
+        _check_line_bytes(line, bad_status)
     if not lines:
         raise HTTPError(bad_status, "empty message head")
     return lines
+
+
+def _parse_header_line(line: str, bad_status: int) -> tuple[str, str]:
+    """Parse one ``Name: value`` line into ``(lowercased name, stripped value)``."""
+    if line[:1] in (" ", "\t"):
+        # Obsolete line folding: a continuation of the previous header (or,
+        # on the first header line, whitespace after the start line). RFC
+        # 9112 sections 2.2 and 5.2 let a server reject both, and old
+        # proxies disagree on what they mean.
+        raise HTTPError(bad_status, "obsolete line folding in header")
+    name, colon, value = line.partition(":")
+    if not colon:
+        raise HTTPError(bad_status, f"header line without colon: {line[:40]!r}")
+    if not _TOKEN.fullmatch(name):
+        # Also catches "Name : value": whitespace before the colon has been
+        # used to smuggle a header past a proxy that strips it, and RFC 9112
+        # section 5.1 says a server MUST answer it with 400.
+        raise HTTPError(bad_status, f"invalid header name {name[:40]!r}")
+    value = value.strip(" \t")
+    if _FORBIDDEN_IN_VALUE.search(value):
+        raise HTTPError(bad_status, f"control character in header {name!r}")
+    return name.lower(), value
 
 
 def _parse_header_lines(
@@ -112,24 +151,7 @@ def _parse_header_lines(
     """Parse ``Name: value`` lines into ``(lowercased name, stripped value)`` pairs."""
     if len(lines) > max_headers:
         raise HTTPError(too_many_status, f"more than {max_headers} header fields")
-    headers = []
-    for line in lines:
-        if line[:1] in (" ", "\t"):
-            # Obsolete line folding: a continuation of the previous header.
-            # RFC 9112 lets a server reject it, and old proxies disagree on it.
-            raise HTTPError(bad_status, "obsolete line folding in header")
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise HTTPError(bad_status, f"header line without colon: {line[:40]!r}")
-        if not _TOKEN.fullmatch(name):
-            # Also catches "Name : value": whitespace before the colon has
-            # been used to smuggle a header past a proxy that strips it.
-            raise HTTPError(bad_status, f"invalid header name {name[:40]!r}")
-        value = value.strip(" \t")
-        if _FORBIDDEN_IN_VALUE.search(value):
-            raise HTTPError(bad_status, f"control character in header {name!r}")
-        headers.append((name.lower(), value))
-    return headers
+    return [_parse_header_line(line, bad_status) for line in lines]
 
 
 def _tokens(value: str | None) -> list[str]:
@@ -176,8 +198,14 @@ class _HeaderAccess:
             for part in value.split(","):
                 part = part.strip(" \t")
                 if not (part.isascii() and part.isdigit()):
-                    raise HTTPError(self._bad_status, f"invalid Content-Length {value!r}")
-                lengths.add(int(part))
+                    raise HTTPError(self._bad_status, f"invalid Content-Length {value[:40]!r}")
+                # Bounded before int(): Python refuses to convert more than
+                # 4300 digits (a ValueError, not our error), and no body
+                # is larger than a 63-bit length anyway.
+                digits = part.lstrip("0") or "0"
+                if len(digits) > 19 or int(digits) > MAX_CONTENT_LENGTH:
+                    raise HTTPError(self._bad_status, f"Content-Length out of range {value[:40]!r}")
+                lengths.add(int(digits))
         if len(lengths) != 1:
             raise HTTPError(self._bad_status, "conflicting Content-Length values")
         return lengths.pop()
@@ -202,6 +230,13 @@ class _HeadParser:
     The limit is enforced while buffering, not after: a client that sends an
     endless header line must be cut off once it passes ``max_head``, not when
     (if ever) it finishes.
+
+    The head is read line by line: each line is handed to ``_line`` as soon
+    as its line ending arrives, so a subclass can refuse a malformed line at
+    once instead of waiting for the end of the head (which a broken client
+    may never send). Because lines are always checked in order, the outcome
+    (the message, or the first refusal) is the same however the bytes were
+    split into reads.
     """
 
     _bad_status = 400
@@ -212,7 +247,7 @@ class _HeadParser:
         self.max_headers = max_headers
         self.rest = b""  # bytes after the head: the start of the body
         self._buffer = bytearray()
-        self._scanned = 0  # how far we already looked for the terminator
+        self._scanned = 0  # where the current, unfinished line starts
         self._skipped = 0  # empty lines skipped before the start line
         self._started = False
         self._finished = False
@@ -234,21 +269,32 @@ class _HeadParser:
                 raise HTTPError(self._too_large_status, "too many empty lines")
             return None
 
-        # Search only the new bytes (plus 3 of the old ones, in case the
-        # terminator straddles two reads), so feeding byte by byte stays linear.
-        match = _HEAD_END.search(self._buffer, max(0, self._scanned - 3))
-        if match is None:
-            self._scanned = len(self._buffer)
-            if len(self._buffer) > self.max_head:
+        # Look for line ends only in bytes not yet searched, so feeding byte
+        # by byte stays linear. A line is checked (or ends the head, if it is
+        # empty) once its LF is here and it fits in max_head.
+        buffer = self._buffer
+        while (end := buffer.find(b"\n", self._scanned)) >= 0:
+            if end + 1 > self.max_head:
                 raise HTTPError(self._too_large_status, f"message head over {self.max_head} bytes")
-            return None
-        if match.end() > self.max_head:
+            start, self._scanned = self._scanned, end + 1
+            if end > start and buffer[end - 1] == 0x0D:
+                end -= 1  # CRLF; a bare LF is accepted as RFC 9112 section 2.2 allows
+            if end == start:  # the empty line: the head is complete
+                head = bytes(buffer[: self._scanned])
+                self.rest = bytes(buffer[self._scanned :])
+                buffer.clear()
+                self._finished = True
+                return head
+            self._line(buffer[start:end].decode("latin-1"))
+        if len(buffer) > self.max_head:
             raise HTTPError(self._too_large_status, f"message head over {self.max_head} bytes")
-        head = bytes(self._buffer[: match.end()])
-        self.rest = bytes(self._buffer[match.end() :])
-        self._buffer.clear()
-        self._finished = True
-        return head
+        return None
+
+    def _line(self, line: str) -> None:
+        """A complete, non-empty head line (line ending removed), in order.
+
+        The base class only buffers; the whole head is parsed at the end.
+        """
 
 
 # --------------------------------------------------------------------------
@@ -278,35 +324,86 @@ class Request(_HeaderAccess):
         return "chunked" in _tokens(self.header("transfer-encoding"))
 
 
+class _RequestLines:
+    """Reads a request head one line at a time, refusing a bad line at once.
+
+    The request line is judged as soon as it is complete: an HTTP/0.9-style
+    ``GET /`` or any other malformed line is refused before a single header
+    arrives (a client that sent one will never send the blank line we would
+    otherwise wait for). Each header line is judged when it is complete too:
+    control characters, obsolete line folding, whitespace before the colon,
+    a second ``Host``. Only what needs the whole head (a missing ``Host``,
+    the body framing) waits for its end. ``RequestHeadParser`` and
+    ``parse_request_head`` both go through here, so they refuse the same
+    heads with the same status.
+    """
+
+    def __init__(self, max_headers: int) -> None:
+        self.max_headers = max_headers
+        self.start: tuple[str, str, str] | None = None
+        self.headers: list[tuple[str, str]] = []
+
+    def add(self, line: str) -> None:
+        _check_line_bytes(line, 400)
+        if self.start is None:
+            self.start = _parse_request_line(line)
+            return
+        if len(self.headers) >= self.max_headers:
+            raise HTTPError(431, f"more than {self.max_headers} header fields")
+        name, value = _parse_header_line(line, 400)
+        if name == "host":
+            # RFC 9112 section 3.2: a server MUST answer 400 to more than one
+            # Host line, or to a Host whose value is not a valid host[:port].
+            if any(key == "host" for key, _ in self.headers):
+                raise HTTPError(400, "more than one Host header")
+            if not _HOST.fullmatch(value):
+                raise HTTPError(400, f"invalid Host header {value[:40]!r}")
+        self.headers.append((name, value))
+
+    def finish(self) -> Request:
+        if self.start is None:
+            raise HTTPError(400, "empty message head")
+        method, target, version = self.start
+        raw_path, _, raw_query = target.partition("?")
+        request = Request(
+            method=method,
+            target=target,
+            path=unquote(raw_path, errors="replace"),
+            query=dict(parse_qsl(raw_query, keep_blank_values=True)),
+            version=version,
+            headers=self.headers,
+        )
+        _check_request_framing(request)
+        return request
+
+
 def parse_request_head(head: bytes, *, max_headers: int = 100) -> Request:
     """Parse a complete request head (start line + header lines) into a ``Request``."""
-    lines = _split_head_lines(head, 400)
-    method, target, version = _parse_request_line(lines[0])
-    headers = _parse_header_lines(
-        lines[1:], max_headers=max_headers, bad_status=400, too_many_status=431
-    )
-    raw_path, _, raw_query = target.partition("?")
-    request = Request(
-        method=method,
-        target=target,
-        path=unquote(raw_path, errors="replace"),
-        query=dict(parse_qsl(raw_query, keep_blank_values=True)),
-        version=version,
-        headers=headers,
-    )
-    _check_request_framing(request)
-    return request
+    lines = head.decode("latin-1").split("\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    while lines and lines[-1] == "":
+        lines.pop()  # the empty line(s) that terminated the head
+    reader = _RequestLines(max_headers)
+    for line in lines:
+        reader.add(line)
+    return reader.finish()
 
 
 def _parse_request_line(line: str) -> tuple[str, str, str]:
-    """``METHOD SP request-target SP HTTP-version``, single spaces, nothing else."""
+    """``METHOD SP request-target SP HTTP-version``, single spaces, nothing else.
+
+    RFC 9112 section 3 lets a recipient accept other whitespace as the
+    separator; we do not, since two parsers that split the line differently
+    see different targets. A line of two parts is an HTTP/0.9 request
+    (``GET /``), which has no headers and no version: refused with 400.
+    """
     parts = line.split(" ")
     if len(parts) != 3:
         raise HTTPError(400, f"malformed request line {line[:80]!r}")
     method, target, version = parts
     if not _TOKEN.fullmatch(method):
         raise HTTPError(400, f"invalid method {method[:20]!r}")
-    if not re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
+    if not _VERSION.fullmatch(version):
         raise HTTPError(400, f"malformed HTTP version {version[:20]!r}")
     if version not in ("HTTP/1.0", "HTTP/1.1"):
         raise HTTPError(505, f"{version} not supported")
@@ -320,11 +417,13 @@ def _parse_request_line(line: str) -> tuple[str, str, str]:
 
 
 def _check_request_framing(request: Request) -> None:
-    """Refuse requests whose body length could be read two ways."""
+    """Refuse requests without a Host, or whose body length could be read two ways."""
     hosts = request.header_values("host")
-    if request.version == "HTTP/1.1" and len(hosts) != 1:
+    if request.version == "HTTP/1.1" and not hosts:
         # RFC 9112 section 3.2: a server MUST answer 400 here.
-        raise HTTPError(400, "HTTP/1.1 request needs exactly one Host header")
+        raise HTTPError(400, "HTTP/1.1 request needs a Host header")
+    if len(hosts) > 1:  # refused line by line already (_RequestLines); checked again here
+        raise HTTPError(400, "more than one Host header")
     transfer_coding = request.header("transfer-encoding")
     if transfer_coding is not None:
         if _tokens(transfer_coding) != ["chunked"]:
@@ -348,13 +447,20 @@ class RequestHeadParser(_HeadParser):
 
     def __init__(self, *, max_head: int = 16384, max_headers: int = 100) -> None:
         super().__init__(max_head, max_headers)
+        self._lines = _RequestLines(max_headers)
 
     def feed(self, data: bytes) -> Request | None:
-        """Consume bytes; return the ``Request`` once its head is complete."""
-        head = self._feed_head(data)
-        if head is None:
+        """Consume bytes; return the ``Request`` once its head is complete.
+
+        Raises ``HTTPError`` as soon as a complete line is malformed, not
+        only once the head is complete.
+        """
+        if self._feed_head(data) is None:
             return None
-        return parse_request_head(head, max_headers=self.max_headers)
+        return self._lines.finish()
+
+    def _line(self, line: str) -> None:
+        self._lines.add(line)
 
 
 # --------------------------------------------------------------------------
@@ -542,26 +648,36 @@ class ChunkedDecoder:
                 self.rest = bytes(buf)
                 buf.clear()
                 return False
-            name, colon, value = line.decode("latin-1").partition(":")
-            if not colon or not _TOKEN.fullmatch(name):
-                raise HTTPError(400, "malformed trailer field")
             if len(self.trailers) >= 100:
                 raise HTTPError(400, "too many trailer fields")
-            self.trailers.append((name.lower(), value.strip(" \t")))
+            # Trailer fields follow the rules of header fields.
+            text = line.decode("latin-1")
+            _check_line_bytes(text, 400)
+            try:
+                self.trailers.append(_parse_header_line(text, 400))
+            except HTTPError as err:
+                raise HTTPError(400, f"malformed trailer field: {err.message}") from None
         return True
 
     def _take_line(self) -> bytes | None:
-        """Remove and return one line (without its line ending), or None if incomplete."""
+        """Remove and return one line (without its line ending), or None if incomplete.
+
+        A line longer than ``max_line`` (everything before its LF) is
+        refused whether it is still arriving or arrived whole, so the
+        outcome does not depend on how the bytes were split.
+        """
         end = self._buffer.find(b"\n")
+        if end > self.max_line or (end < 0 and len(self._buffer) > self.max_line):
+            raise HTTPError(400, "chunk size or trailer line too long")
         if end < 0:
-            if len(self._buffer) > self.max_line:
-                raise HTTPError(400, "chunk size or trailer line too long")
             return None
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
         return line[:-1] if line.endswith(b"\r") else line
 
     def _parse_size(self, line: bytes) -> int:
+        if _FORBIDDEN_IN_CHUNK_LINE.search(line):
+            raise HTTPError(400, "control character in chunk size line")
         # Chunk extensions (";name=value") are allowed and ignored by everyone.
         size_text = line.split(b";", 1)[0].rstrip(b" \t")
         # Hex digits only: int(x, 16) would also accept "0x1f", "+1f", " 1f"

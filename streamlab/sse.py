@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "DONE",
+    "MAX_LINE",
     "Event",
     "EventStreamParser",
+    "ProtocolError",
     "encode_comment",
     "encode_done",
     "encode_event",
@@ -39,6 +41,22 @@ __all__ = [
 #: that was cut off. Sending an explicit last event lets a client tell the two
 #: apart (see PITFALLS.md, "A stream that ends without its end marker").
 DONE = "[DONE]"
+
+#: The longest line the parser buffers, in characters (after UTF-8 decoding,
+#: line ending not counted): 1 MiB, like python-websockets' ``max_size``.
+#: The format itself has no limit, but a parser must keep the unfinished line
+#: until its line ending comes, so a peer that never sends a newline (a broken
+#: upstream, a hostile one, or a binary file served as text/event-stream)
+#: would otherwise make the buffer grow until the process runs out of memory.
+#: Real events are far shorter: a token's worth of text, or a JSON chunk of a
+#: few hundred bytes.
+MAX_LINE = 1 << 20
+
+# A retry value is a reconnection delay in milliseconds. Browsers read it
+# into a 64-bit integer and ignore one that overflows (Chromium's
+# ToUInt64Strict); so do we, which also keeps int() away from strings over
+# the 4300 digits it refuses to convert.
+_MAX_RETRY = (1 << 64) - 1
 
 # The event-stream grammar knows exactly three line endings: CRLF, LF and a
 # lone CR. ``str.splitlines()`` would be wrong here: it also splits on
@@ -120,6 +138,18 @@ def encode_done() -> bytes:
     return encode_event(DONE)
 
 
+class ProtocolError(Exception):
+    """The stream broke a limit the parser keeps (a line over ``max_line``).
+
+    The event-stream format itself has no syntax errors: the WHATWG
+    algorithm makes sense of any bytes (invalid UTF-8 becomes U+FFFD,
+    unknown fields are ignored). What it cannot survive is unbounded input,
+    so this is raised only for that. After it, the parser is unusable:
+    every later ``feed`` raises it again, and the caller should drop the
+    connection (and may reconnect, as ``EventSource`` would).
+    """
+
+
 @dataclass(frozen=True)
 class Event:
     """One dispatched event, as a browser's ``EventSource`` would deliver it.
@@ -155,20 +185,31 @@ class EventStreamParser:
       the text of the latest one, which is how a test observes keep-alives.
     - ``pending``: whether an event has started but not been dispatched;
       true after ``close()`` means the stream was truncated mid-event.
+
+    ``max_line`` bounds the line being buffered (see ``MAX_LINE``); a longer
+    line raises ``ProtocolError`` as soon as it passes the limit, whether it
+    arrives in one piece or byte by byte.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
         # A stateful decoder: it keeps the first bytes of a character that is
         # split across two network reads instead of turning them into U+FFFD.
         # Bytes that are really invalid still become U+FFFD, as the spec says.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._at_stream_start = True  # a BOM may only appear here
-        self._line = ""  # the current line, not yet terminated
+        # The current line, not yet terminated, kept as the pieces that came
+        # in (joined once, when its line ending arrives: appending to one
+        # string would copy it on every read and make slow input quadratic).
+        self._line_parts: list[str] = []
+        self._line_length = 0
         self._skip_lf = False  # the previous chunk ended with CR: a LF next is part of it
         self._closed = False
+        self._error: ProtocolError | None = None
 
-        # The buffers of the spec's "interpret an event stream" algorithm.
-        self._data = ""
+        # The buffers of the spec's "interpret an event stream" algorithm
+        # (the data buffer as a list of lines, joined with LF on dispatch).
+        self._data: list[str] = []
         self._event_type = ""
         self._event_retry: int | None = None
         self._in_event = False  # a field line arrived since the last blank line
@@ -181,14 +222,24 @@ class EventStreamParser:
     @property
     def pending(self) -> bool:
         """True when part of an event has arrived but not its blank line."""
-        partial = self._line and not self._line.startswith(":")
+        partial = self._line_parts and not self._line_parts[0].startswith(":")
         return bool(self._in_event or partial)
 
     def feed(self, data: bytes) -> list[Event]:
-        """Consume the next piece of the stream; return the events it completed."""
+        """Consume the next piece of the stream; return the events it completed.
+
+        Raises ``ProtocolError`` when a line grows past ``max_line``; events
+        completed earlier in the same piece are then not returned.
+        """
         if self._closed:
             raise RuntimeError("feed() after close()")
-        return self._consume(self._decoder.decode(data))
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._consume(self._decoder.decode(data))
+        except ProtocolError as err:
+            self._error = err
+            raise
 
     def close(self) -> list[Event]:
         """Signal end of stream.
@@ -201,7 +252,9 @@ class EventStreamParser:
         if not self._closed:
             # Flush the decoder: an incomplete character at EOF becomes U+FFFD
             # and counts as part of an unfinished line.
-            self._line += self._decoder.decode(b"", final=True)
+            tail = self._decoder.decode(b"", final=True)
+            if tail:
+                self._line_parts.append(tail)
             self._closed = True
         return []
 
@@ -221,20 +274,38 @@ class EventStreamParser:
                 text = text[1:]
 
         events: list[Event] = []
-        pieces = _LINE_BREAK.split(self._line + text)
+        # Only the new text is searched: the unfinished line cannot hold a
+        # line break, or it would have been finished already.
+        pieces = _LINE_BREAK.split(text)
         # Every piece but the last ended with a line break; the last one is
         # an unfinished line that waits for more bytes.
-        self._line = pieces.pop()
-        for line in pieces:
+        tail = pieces.pop()
+        for piece in pieces:
+            self._check_length(self._line_length + len(piece))
+            if self._line_parts:
+                self._line_parts.append(piece)
+                line = "".join(self._line_parts)
+                self._line_parts, self._line_length = [], 0
+            else:
+                line = piece
             event = self._process_line(line)
             if event is not None:
                 events.append(event)
+        if tail:
+            # Checked before buffering: the buffer never holds more than max_line.
+            self._check_length(self._line_length + len(tail))
+            self._line_parts.append(tail)
+            self._line_length += len(tail)
         # A CR at the very end may be the first half of CRLF. We end the line
         # right away (no waiting: a lone CR is a complete line ending) and
         # remember to drop a LF that may start the next chunk.
         if text.endswith("\r"):
             self._skip_lf = True
         return events
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_line:
+            raise ProtocolError(f"line of over {self.max_line} characters without a line ending")
 
     def _process_line(self, line: str) -> Event | None:
         if line == "":
@@ -251,27 +322,30 @@ class EventStreamParser:
         if name == "event":
             self._event_type = value
         elif name == "data":
-            self._data += value + "\n"
+            self._data.append(value)
         elif name == "id":
             if "\0" not in value:
                 self.last_event_id = value
         elif name == "retry":
             # Only plain ASCII digits count; "1e3", "-5" or " 5" are ignored.
+            # So are values that do not fit in 64 bits, as browsers do.
             if value and value.isascii() and value.isdigit():
-                self.retry = self._event_retry = int(value)
+                digits = value.lstrip("0") or "0"
+                if len(digits) <= 20 and int(digits) <= _MAX_RETRY:
+                    self.retry = self._event_retry = int(digits)
         # Any other field name is ignored, so the format can grow.
         return None
 
     def _dispatch(self) -> Event | None:
-        data, event_type, retry = self._data, self._event_type, self._event_retry
-        self._data, self._event_type, self._event_retry = "", "", None
+        lines, event_type, retry = self._data, self._event_type, self._event_retry
+        self._data, self._event_type, self._event_retry = [], "", None
         self._in_event = False
-        if data == "":
+        if not lines:
             # e.g. a block with only "id:" or "retry:" lines: it updates the
             # parser state but is not delivered as an event.
             return None
-        if data.endswith("\n"):
-            data = data[:-1]
+        # The spec appends each value and a LF, then drops the last LF.
+        data = "\n".join(lines)
         return Event(data=data, event=event_type or "message", id=self.last_event_id, retry=retry)
 
 

@@ -30,7 +30,7 @@ import codecs
 import hashlib
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -356,11 +356,20 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[Frame]:
         """Consume bytes; return the frames they complete (maybe none)."""
+        return list(self.frames(data))
+
+    def frames(self, data: bytes) -> Iterator[Frame]:
+        """Consume bytes; yield the frames they complete, each parsed only when asked for.
+
+        The bytes are taken at once; the frames are parsed lazily, so a
+        caller that acts on each frame before the next one is parsed (as
+        ``Connection.receive`` does) meets errors in the order they are on
+        the wire. With ``feed``, a broken frame header later in the same
+        read would be reported before an invalid message earlier in it, and
+        the close code would depend on how TCP happened to split the bytes.
+        """
         self._buffer += data
-        frames = []
-        while (frame := self._next_frame()) is not None:
-            frames.append(frame)
-        return frames
+        return iter(self._next_frame, None)
 
     def _next_frame(self) -> Frame | None:
         buf = self._buffer
@@ -540,18 +549,33 @@ class Connection:
         self._parts: list = []
         self._size = 0
         self._text_decoder: codecs.IncrementalDecoder | None = None
+        self._error: ProtocolError | None = None  # set once the peer broke the protocol
         self.close_sent = False
         self.close_received = False
 
     # -- receiving -----------------------------------------------------------
 
     def receive(self, data: bytes) -> list[WebSocketEvent]:
-        """Consume bytes from the peer; return the events they complete."""
+        """Consume bytes from the peer; return the events they complete.
+
+        Frames are handled one by one in wire order, so the first violation
+        in the stream is the one reported, however the bytes were split into
+        reads. Once ``ProtocolError`` has been raised the connection has
+        failed: every later call raises the same error (events completed
+        earlier in the failing call are not returned; the connection is
+        being torn down anyway).
+        """
+        if self._error is not None:
+            raise self._error
         events: list[WebSocketEvent] = []
-        for frame in self._decoder.feed(data):
-            event = self._handle_frame(frame)
-            if event is not None:
-                events.append(event)
+        try:
+            for frame in self._decoder.frames(data):
+                event = self._handle_frame(frame)
+                if event is not None:
+                    events.append(event)
+        except ProtocolError as err:
+            self._error = err
+            raise
         return events
 
     def _handle_frame(self, frame: Frame) -> WebSocketEvent | None:

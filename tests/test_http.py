@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from streamlab.http import (
     LAST_CHUNK,
+    MAX_CONTENT_LENGTH,
     BodyReader,
     ChunkedDecoder,
     HTTPError,
@@ -217,6 +218,140 @@ def test_400_malformed(data):
     assert status_of(data) == 400
 
 
+# ---- refused as soon as the bad line is complete ------------------------------
+
+
+def refused_on_line(data: bytes) -> HTTPError:
+    """Feed ``data`` (a head *without* its final empty line) byte by byte and
+    check the refusal comes exactly on its last byte, the LF that completes
+    the bad line."""
+    parser = RequestHeadParser()
+    for byte in data[:-1]:
+        assert parser.feed(bytes([byte])) is None
+    with pytest.raises(HTTPError) as info:
+        parser.feed(data[-1:])
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"GET /",  # HTTP/0.9: no version
+        b"GET",
+        b"GET  / HTTP/1.1",
+        b"GET / HTTP/1.1 ",
+        b"GET\t/ HTTP/1.1",  # HTAB is not a separator here
+        b" GET / HTTP/1.1",
+        b"GET / http/1.1",  # the version is case-sensitive
+        b"GET / HTTP/1",
+        b"GET / HTTP/11",
+        b"GET / HTTP/1.1.1",
+        b"GET / HTTP/\xd9\xa1.1",  # not an ASCII digit
+        b"G\xc3\x89T / HTTP/1.1",
+        b"GET /a b HTTP/1.1",
+        b"GET /\0 HTTP/1.1",  # NUL in the target
+        b"GET /\x01 HTTP/1.1",  # control characters in the target
+        b"GET /\x1b[2J HTTP/1.1",
+        b"GET /\x7f HTTP/1.1",
+        b"GET /a\rb HTTP/1.1",  # bare CR
+        b"GET http://example.com/ HTTP/1.1",
+    ],
+)
+def test_bad_request_line_refused_before_the_headers(line):
+    for eol in (b"\r\n", b"\n"):
+        assert refused_on_line(line + eol).status == 400
+
+
+def test_http09_request_refused_without_waiting_for_more():
+    # A 0.9 client sends this and then waits for the body: it never sends an
+    # empty line, so refusing "at the end of the head" would mean never.
+    for data in (b"GET /\r\n", b"GET /index.html\n", b"\r\nGET /\r\n"):
+        with pytest.raises(HTTPError) as info:
+            RequestHeadParser().feed(data)
+        assert info.value.status == 400
+
+
+def test_unsupported_version_refused_on_the_request_line():
+    assert refused_on_line(b"GET / HTTP/2.0\r\n").status == 505
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"X-A: a\0b",  # NUL in a value
+        b"X-A: a\x01b",  # other control characters
+        b"X-A: a\x1bb",
+        b"X-A: a\x7fb",
+        b"X-A: \x0b",
+        b"X-A: a\rb",  # bare CR
+        b"X-A : b",  # whitespace before the colon (RFC 9112 section 5.1: MUST 400)
+        b"X-A\t: b",
+        b"X A: b",
+        b"X-A",
+        b": b",
+        b"X-\xc3\xa9: b",
+        b" X-A: b",  # whitespace between the request line and the first header (2.2)
+        b"Host: a b",  # an invalid Host value (section 3.2: MUST 400)
+        b"Host: a/b",
+        b"Host: x:80x",
+    ],
+)
+def test_bad_header_line_refused_when_complete(header):
+    for eol in (b"\r\n", b"\n"):
+        assert refused_on_line(b"GET / HTTP/1.1" + eol + header + eol).status == 400
+
+
+def test_obs_fold_refused_when_the_folded_line_completes():
+    for fold in (b"  folded", b"\tfolded"):
+        head = b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n" + fold + b"\r\n"
+        assert refused_on_line(head).status == 400
+
+
+def test_second_host_refused_when_its_line_completes_any_version():
+    for version in (b"HTTP/1.1", b"HTTP/1.0"):
+        error = refused_on_line(b"GET / " + version + b"\r\nHost: a\r\nHost: a\r\n")
+        assert error.status == 400 and "Host" in error.message
+
+
+def test_too_many_headers_refused_on_the_extra_line():
+    assert status_of(b"GET / HTTP/1.1\r\nHost: x\r\nA: 1\r\nB: 2\r\n", max_headers=2) == 431
+
+
+@pytest.mark.parametrize(
+    "host",
+    [b"", b"x", b"127.0.0.1:8000", b"[::1]:8000", b"Example.TEST:", b"a_b-c.d", b"xn--bcher-kva.example"],
+)
+def test_valid_host_values(host):
+    assert parse(b"GET / HTTP/1.1\r\nHost: " + host + b"\r\n\r\n").header("host") == host.decode()
+
+
+def test_missing_host_is_refused_at_the_end_of_the_head():
+    parser = RequestHeadParser()
+    assert parser.feed(b"GET / HTTP/1.1\r\nAccept: */*\r\n") is None
+    with pytest.raises(HTTPError) as info:
+        parser.feed(b"\r\n")
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize("blank", [b"\r\n", b"\n", b"\r\n\r\n", b"\n\r\n"])
+def test_blank_lines_before_the_request_line_still_ignored(blank):
+    for cut in range(len(blank) + 1):
+        parser = RequestHeadParser()
+        assert parser.feed(blank[:cut]) is None
+        assert parser.feed(blank[cut:] + SIMPLE_GET) == parse(SIMPLE_GET)
+
+
+def test_first_bad_line_wins_however_the_bytes_are_split():
+    # A 505 request line, then a NUL in a header: the first refusal in the
+    # stream is the answer, whole, byte by byte, or from parse_request_head.
+    data = b"GET / HTTP/2.0\r\nX-A: \0\r\n\r\n"
+    assert status_of(data) == 505
+    assert refused_on_line(b"GET / HTTP/2.0\r\n").status == 505
+    with pytest.raises(HTTPError) as info:
+        parse_request_head(data)
+    assert info.value.status == 505
+
+
 @pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"HTTP/3.0"])
 def test_505_other_versions(version):
     assert status_of(b"GET / " + version + b"\r\nHost: x\r\n\r\n") == 505
@@ -269,6 +404,30 @@ def test_content_length_invalid_or_conflicting(values):
     with pytest.raises(HTTPError) as info:
         make_request(*[("content-length", v) for v in values]).content_length()
     assert info.value.status == 400
+
+
+def test_content_length_of_thousands_of_digits_is_http_error_not_value_error():
+    # Found by the fuzzer: int() refuses strings of over 4300 digits with a
+    # ValueError, which escaped the parser. Now refused as malformed.
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n"
+    assert status_of(head, max_head=1 << 16) == 400
+    response = parse_response_head(
+        b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n"
+    )
+    with pytest.raises(HTTPError) as info:
+        response.content_length()
+    assert info.value.status == 502
+
+
+def test_content_length_range():
+    assert MAX_CONTENT_LENGTH == 2**63 - 1
+    largest = make_request(("content-length", str(MAX_CONTENT_LENGTH)))
+    assert largest.content_length() == MAX_CONTENT_LENGTH
+    assert make_request(("content-length", "0" * 40 + "12")).content_length() == 12  # leading zeros
+    for value in (str(MAX_CONTENT_LENGTH + 1), "9" * 20):
+        with pytest.raises(HTTPError) as info:
+            make_request(("content-length", value)).content_length()
+        assert info.value.status == 400
 
 
 @pytest.mark.parametrize(
@@ -449,6 +608,37 @@ def test_decode_malformed_is_400(body):
 def test_decode_size_line_too_long():
     with pytest.raises(HTTPError) as info:
         ChunkedDecoder(max_line=100).feed(b"5;" + b"x" * 200)
+    assert info.value.status == 400
+
+
+def test_decode_long_line_refused_even_when_it_arrives_whole():
+    # Found by the fuzzer: a line over max_line was refused when it arrived
+    # slowly, but accepted when its LF came in the same read.
+    for body in (
+        b"0\r\nX-Long: " + b"a" * 200 + b"\r\n\r\n",
+        b"5;" + b"x" * 200 + b"\r\nhello\r\n0\r\n\r\n",
+    ):
+        with pytest.raises(HTTPError) as info:
+            ChunkedDecoder(max_line=100).feed(body)
+        assert info.value.status == 400
+    # A line of exactly max_line bytes (before its LF, CR included) is fine.
+    assert b"".join(ChunkedDecoder(max_line=7).feed(b"5;abcd\r\nhello\r\n0\r\n\r\n")) == b"hello"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"5;a\rb\r\nhello\r\n0\r\n\r\n",  # bare CR in a chunk extension
+        b"5;a\0\r\nhello\r\n0\r\n\r\n",
+        b"0\r\nX-A: a\0b\r\n\r\n",  # control characters in a trailer
+        b"0\r\nX-A: a\rb\r\n\r\n",
+        b"0\r\nX-A : b\r\n\r\n",
+        b"0\r\n folded\r\n\r\n",
+    ],
+)
+def test_decode_control_characters_in_size_line_or_trailer_are_400(body):
+    with pytest.raises(HTTPError) as info:
+        ChunkedDecoder().feed(body)
     assert info.value.status == 400
 
 

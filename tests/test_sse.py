@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from streamlab.sse import (
     DONE,
+    MAX_LINE,
     Event,
     EventStreamParser,
+    ProtocolError,
     encode_comment,
     encode_done,
     encode_event,
@@ -292,6 +294,20 @@ def test_truncated_multibyte_character_at_eof_is_pending():
     assert parser.pending
 
 
+def test_retry_too_large_for_64_bits_is_ignored_not_a_value_error():
+    # Found by the fuzzer: int() refuses over 4300 digits with a ValueError,
+    # which escaped feed(). Browsers ignore a retry that overflows 64 bits.
+    parser = EventStreamParser()
+    assert parser.feed(b"retry: 7\n\n") == []
+    for huge in (b"9" * 5000, b"18446744073709551616"):
+        assert parser.feed(b"retry: " + huge + b"\ndata: a\n\n") == [Event("a", retry=None)]
+        assert parser.retry == 7
+    assert parser.feed(b"retry: 18446744073709551615\n\n") == []
+    assert parser.retry == 2**64 - 1
+    assert parser.feed(b"retry: " + b"0" * 5000 + b"42\n\n") == []
+    assert parser.retry == 42
+
+
 def test_feed_after_close_raises():
     parser = EventStreamParser()
     parser.close()
@@ -302,6 +318,66 @@ def test_feed_after_close_raises():
 def test_event_is_frozen():
     with pytest.raises(AttributeError):
         Event("a").data = "b"  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------
+# The line-length limit
+# --------------------------------------------------------------------------
+
+
+def test_max_line_default():
+    assert MAX_LINE == 1 << 20
+    assert EventStreamParser().max_line == MAX_LINE
+    assert EventStreamParser(max_line=10).max_line == 10
+
+
+def test_line_over_the_limit_arriving_whole_is_refused():
+    with pytest.raises(ProtocolError):
+        EventStreamParser(max_line=10).feed(b"data: 12345\n\n")  # 11 characters
+    assert EventStreamParser(max_line=10).feed(b"data: 1234\n\n") == [Event("1234")]
+
+
+def test_endless_line_is_refused_once_it_passes_the_limit():
+    parser = EventStreamParser(max_line=100)
+    assert parser.feed(b"data: ") == []
+    for _ in range(94):
+        assert parser.feed(b"x") == []  # 100 characters buffered: still fine
+    with pytest.raises(ProtocolError):
+        parser.feed(b"x")
+
+
+def test_default_limit_stops_a_peer_that_never_sends_a_newline():
+    parser = EventStreamParser()
+    chunk = b"x" * 65536
+    with pytest.raises(ProtocolError):
+        for _ in range(MAX_LINE // len(chunk) + 1):
+            assert parser.feed(chunk) == []
+    assert parser._line_length <= MAX_LINE
+
+
+def test_limit_applies_to_comments_and_counts_characters():
+    with pytest.raises(ProtocolError):
+        EventStreamParser(max_line=8).feed(b": keep-alive\n")
+    # Characters after UTF-8 decoding, not bytes: 7 characters, 11 bytes.
+    assert EventStreamParser(max_line=7).feed("data:🫠é\n\n".encode()) == [Event("🫠é")]
+    # The line ending is not counted, whichever it is.
+    for eol in (b"\n", b"\r", b"\r\n"):
+        assert EventStreamParser(max_line=7).feed(b"data:ab" + eol + eol) == [Event("ab")]
+
+
+def test_many_short_lines_are_never_refused():
+    stream = b"".join(b"data: %d\n" % i for i in range(1000)) + b"\n"
+    events = EventStreamParser(max_line=10).feed(stream)
+    assert events == [Event("\n".join(str(i) for i in range(1000)))]
+
+
+def test_parser_stays_failed_after_protocol_error():
+    parser = EventStreamParser(max_line=4)
+    with pytest.raises(ProtocolError) as first:
+        parser.feed(b"data: too long")
+    with pytest.raises(ProtocolError) as again:
+        parser.feed(b"\n\ndata: a\n\n")
+    assert again.value is first.value
 
 
 # --------------------------------------------------------------------------

@@ -582,6 +582,48 @@ def test_close_with_bad_payload_raises():
     assert info.value.code == 1002
 
 
+def test_first_violation_on_the_wire_is_reported_however_the_bytes_are_split():
+    # Found by the fuzzer: invalid UTF-8 in a text frame, then a frame with a
+    # reserved bit set. Read in one piece, the decoder used to parse every
+    # frame before the connection looked at any, so the *second* error
+    # (1002) won; read in two pieces, the first (1007) did.
+    data = client_bytes(Opcode.TEXT, b"\xff") + bytes([0xC1, 0x80]) + b"\0\0\0\0"
+    codes = []
+    for cut in range(len(data) + 1):
+        with pytest.raises(ProtocolError) as info:
+            server = Connection(client=False)
+            server.receive(data[:cut])
+            server.receive(data[cut:])
+        codes.append(info.value.code)
+    assert set(codes) == {1007}
+
+
+def test_frames_before_the_bad_one_are_handled_in_order():
+    server = Connection(client=False)
+    data = client_bytes(Opcode.PING, b"a") + client_bytes(Opcode.CONTINUATION, b"x")
+    data += bytes([0xC1, 0x80])  # a reserved bit: also an error, but later on the wire
+    with pytest.raises(ProtocolError) as info:
+        server.receive(data)
+    assert info.value.code == 1002 and "continuation" in info.value.reason
+
+
+def test_connection_stays_failed_after_protocol_error():
+    server = Connection(client=False)
+    with pytest.raises(ProtocolError) as first:
+        server.receive(client_bytes(Opcode.TEXT, b"\xff"))
+    with pytest.raises(ProtocolError) as again:
+        server.receive(client_bytes(Opcode.TEXT, b"fine"))
+    assert again.value is first.value
+
+
+def test_frame_decoder_frames_parses_lazily():
+    decoder = FrameDecoder(expect_masked=True)
+    frames = decoder.frames(client_bytes(Opcode.TEXT, b"a") + bytes([0xC1, 0x80]))
+    assert next(frames) == Frame(Opcode.TEXT, b"a")  # the broken header is not parsed yet
+    with pytest.raises(ProtocolError):
+        next(frames)
+
+
 def test_frames_after_close_are_1002():
     server = Connection(client=False)
     data = client_bytes(Opcode.CLOSE, b"") + client_bytes(Opcode.TEXT, b"late")
