@@ -31,13 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
-import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass
 
@@ -53,6 +51,8 @@ from .http import (
     json_response,
     response_head,
 )
+from .server.connection import ClientGone, serve_until_signalled
+from .stops import WRITE_FAILED
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -283,10 +283,6 @@ class _IdleTimeout(Exception):
     pass
 
 
-class _ClientGone(Exception):
-    pass
-
-
 # --------------------------------------------------------------------------
 # The I/O: thin glue between sockets and the pieces above
 # --------------------------------------------------------------------------
@@ -337,7 +333,7 @@ class Proxy:
         self._tasks.add(task)
         try:
             await self._serve(reader, writer)
-        except (_ClientGone, asyncio.CancelledError):
+        except (ClientGone, asyncio.CancelledError):
             pass  # cancelled: the proxy is closing (and Python 3.11 would log it)
         except Exception:  # one broken connection must not stop the proxy
             log.exception("unexpected error")
@@ -353,7 +349,7 @@ class Proxy:
             return await _send(writer, error_response(error.status, error.message))
         except asyncio.TimeoutError:
             return await _send(writer, error_response(408, "request not received in time"))
-        except (IncompleteBody, ConnectionError, _ClientGone):
+        except (IncompleteBody, ConnectionError, ClientGone):
             return
         if request.path == LOG_PATH and request.method == "GET":
             rows = [asdict(exchange) for exchange in self.log]
@@ -408,7 +404,7 @@ class Proxy:
                 response.cancel()
                 results = await asyncio.gather(client_side, response, return_exceptions=True)
             for result in results:
-                if isinstance(result, _ClientGone):  # a write to the client failed
+                if isinstance(result, ClientGone):  # a write to the client failed
                     exchange.client_left = True
                 elif isinstance(result, Exception):
                     log.error("%s %s: %r", request.method, request.target, result)
@@ -534,7 +530,7 @@ async def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
         await writer.drain()
     except ConnectionError as error:
-        raise _ClientGone from error
+        raise ClientGone(WRITE_FAILED) from error
 
 
 async def _read_request(
@@ -639,19 +635,6 @@ def _upstream(text: str) -> tuple[str | None, int]:
         raise argparse.ArgumentTypeError(f"not a port or http://host:port: {text!r}") from None
 
 
-def _on_stdin_eof(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-    """Call ``callback`` when stdin closes: a parent that dies closes our stdin and takes us along."""
-
-    def wait_for_eof() -> None:
-        with suppress(Exception):
-            while sys.stdin.buffer.read(4096):
-                pass
-        with suppress(RuntimeError):  # the loop may already be closed
-            loop.call_soon_threadsafe(callback)
-
-    threading.Thread(target=wait_for_eof, name="stdin-eof", daemon=True).start()
-
-
 async def _run(args: argparse.Namespace) -> int:
     async with serve_proxy(
         args.upstream,
@@ -661,14 +644,7 @@ async def _run(args: argparse.Namespace) -> int:
         honor=args.honor,
         idle_timeout=args.idle_timeout,
     ) as proxy:
-        loop = asyncio.get_running_loop()
-        stopping = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopping.set)
-        if args.exit_on_stdin_eof:
-            _on_stdin_eof(loop, stopping.set)
-        print(f"streamlab: listening on {proxy.url}", flush=True)  # the runner waits for this line
-        await stopping.wait()
+        await serve_until_signalled(proxy.url, exit_on_stdin_eof=args.exit_on_stdin_eof)
     return 0
 
 

@@ -79,3 +79,52 @@ def fresh_server(model_cache: None) -> Iterator[Callable[..., runner.RunningServ
     yield start
     for server in started:
         server.stop()
+
+
+# --------------------------------------------------------------------------
+# In-process servers over a fake model: server behaviour in milliseconds
+# --------------------------------------------------------------------------
+
+
+class InProcess:
+    """What the tests use of a server, like ``runner.RunningServer``: ``port``, ``url``, ``logs()``."""
+
+    def __init__(self, server) -> None:  # noqa: ANN001
+        self.server = server
+        self.port = server.port
+        self.url = f"http://127.0.0.1:{server.port}"
+
+    def logs(self) -> list[dict]:
+        from streamlab import client
+
+        return client.get_json_sync(self.port, "/log")
+
+
+FAKE_DECODE_SECONDS = 0.004  # per token: fast, yet slow enough that pieces arrive apart
+
+
+@pytest.fixture(scope="session")
+def apps() -> Iterator[Callable[..., InProcess]]:
+    """``apps(naive=True)``: an in-process server over a fake model with that config, shared by the session."""
+    from contextlib import ExitStack
+
+    from fakes import FakeLM
+    from inprocess import serving
+
+    started: dict[tuple, InProcess] = {}
+    with ExitStack() as stack:
+
+        def get(decode_seconds: float = FAKE_DECODE_SECONDS, **config) -> InProcess:  # noqa: ANN003
+            key = (decode_seconds, *sorted((k, repr(v)) for k, v in config.items()))
+            if key not in started:
+                lm = FakeLM(decode_seconds=decode_seconds)
+                started[key] = InProcess(stack.enter_context(serving(lm, **config)))
+            return started[key]
+
+        yield get
+
+
+@pytest.fixture(scope="session")
+def app(apps: Callable[..., InProcess]) -> InProcess:
+    """An in-process server over the fake model with the default config."""
+    return apps()

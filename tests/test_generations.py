@@ -1,4 +1,4 @@
-"""Tests for ``/generations``: answers as resources that outlive their connection.
+"""Tests for ``/generations`` (streamlab/server/resumable.py), in process over a fake model.
 
 A reader that drops and reconnects with ``Last-Event-ID`` resumes where it
 left off, from events the server kept, without generating anything again;
@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 
 from streamlab import client, sse
-from streamlab import server as server_module
+from streamlab.server import responses as server_module
 from streamlab.server import Server, ServerConfig
 
 pytestmark = pytest.mark.timeout(120)
-model = pytest.mark.model
 
 PROMPT = "The ferry left the harbor"
 EXACT = {"chat": False, "ignore_eos": True}  # exactly max_tokens tokens, whatever the model says
 BODY = {"prompt": PROMPT, "max_tokens": 40, "seed": 3, **EXACT}
-KEPT = ("--grace", "1")  # a kept generation nobody reads stops after 1 s
-FORGET = ("--forget",)
+SLOW = 0.05  # seconds per token of the fake model: 40 tokens take 2 s, long enough to drop and resume
+KEPT = {"grace": 1.0, "decode_seconds": SLOW}  # a kept generation nobody reads stops after 1 s
+FORGET = {"forget": True, "decode_seconds": SLOW}
 
 
 def body(**changes: object) -> dict:
@@ -61,8 +61,8 @@ def numbered(trace: client.Trace) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def kept(servers):
-    return servers(*KEPT)
+def kept(apps):
+    return apps(**KEPT)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,6 @@ def uninterrupted(kept) -> str:
 # --------------------------------------------------------------------------
 
 
-@model
 def test_resume_after_a_drop_adds_up_to_one_uninterrupted_answer(kept, uninterrupted):
     created = client.create_generation_sync(kept.port, BODY)
     first, second = client.resume_sync(kept.port, created["id"], drop_after=10)
@@ -94,9 +93,8 @@ def test_resume_after_a_drop_adds_up_to_one_uninterrupted_answer(kept, uninterru
     assert record["tokens"] == 40 and record["path"] == "/generations"
 
 
-@model
-def test_forgetting_server_starts_over_on_reconnect(servers, kept, uninterrupted):
-    forget = servers(*FORGET)
+def test_forgetting_server_starts_over_on_reconnect(apps, kept, uninterrupted):
+    forget = apps(**FORGET)
     created = client.create_generation_sync(forget.port, BODY)
     assert created["message_id"] is None  # nothing runs until someone reads
     first, second = client.resume_sync(forget.port, created["id"], drop_after=10)
@@ -110,7 +108,6 @@ def test_forgetting_server_starts_over_on_reconnect(servers, kept, uninterrupted
     assert 40 + dropped <= total <= 40 + dropped + 3, (dropped, [r["tokens"] for r in records])
 
 
-@model
 def test_after_the_end_a_reconnect_gets_204_and_a_fresh_reader_a_full_replay(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=8))
     full = client.events_sync(kept.port, created["events"])
@@ -133,7 +130,6 @@ def test_after_the_end_a_reconnect_gets_204_and_a_fresh_reader_a_full_replay(kep
     assert record["tokens"] == 8  # four readings, one generation
 
 
-@model
 def test_every_event_can_be_resumed_by_an_eventsource(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=8))
     trace = client.events_sync(kept.port, created["events"])
@@ -147,9 +143,8 @@ def test_every_event_can_be_resumed_by_an_eventsource(kept):
         assert block.startswith(": ping") or "\nid: " in "\n" + block
 
 
-@model
-def test_pings_in_the_silences_between_numbered_events(servers):
-    paused = servers("--pause-after", "3", "--pause-seconds", "2.5", "--ping-interval", "0.5")  # as test_server
+def test_pings_in_the_silences_between_numbered_events(apps):
+    paused = apps(pauses={3: 1.2}, ping_interval=0.25)  # as test_server
     created = client.create_generation_sync(paused.port, body(max_tokens=6))
     trace = client.events_sync(paused.port, created["events"])
     assert trace.complete and sum(e.kind == "ping" for e in trace.events) >= 3
@@ -157,7 +152,6 @@ def test_pings_in_the_silences_between_numbered_events(servers):
     assert all(block == ": ping" or "\nid: " in "\n" + block for block in blocks)
 
 
-@model
 def test_several_readers_at_once_get_the_same_events(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=12))
 
@@ -177,7 +171,6 @@ def test_several_readers_at_once_get_the_same_events(kept):
 # --------------------------------------------------------------------------
 
 
-@model
 def test_unread_generation_stops_after_the_grace_period(kept):
     started = time.monotonic()
     created = client.create_generation_sync(kept.port, body(max_tokens=1000))
@@ -191,7 +184,6 @@ def test_unread_generation_stops_after_the_grace_period(kept):
     assert stored["content"] == state["text"] != ""
 
 
-@model
 def test_grace_starts_again_when_the_last_reader_leaves(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=1000))
     seen = client.events_sync(kept.port, created["events"], stop_after=3)
@@ -202,7 +194,6 @@ def test_grace_starts_again_when_the_last_reader_leaves(kept):
     assert len(seen.text_events) <= record["tokens"] < 1000
 
 
-@model
 def test_a_reader_keeps_the_generation_going_past_the_grace_period(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=1000))
     result: dict = {}
@@ -218,7 +209,6 @@ def test_a_reader_keeps_the_generation_going_past_the_grace_period(kept):
     assert record["stop_signal"] == "cancel" and result["trace"].complete
 
 
-@model
 def test_cancel_stops_within_two_tokens(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=200))
     result: dict = {}
@@ -244,7 +234,6 @@ def test_cancel_stops_within_two_tokens(kept):
     assert client.get_json_sync(kept.port, f"/generations/{created['id']}")["stored_reason"] == "stopped"
 
 
-@model
 def test_state_of_a_generation(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=6))
     trace = client.events_sync(kept.port, created["events"])
@@ -263,7 +252,6 @@ def test_state_of_a_generation(kept):
     }
 
 
-@model
 @pytest.mark.parametrize("method, path", [
     ("GET", "/generations/nope"),
     ("GET", "/generations/nope/events"),
@@ -275,7 +263,6 @@ def test_unknown_ids_are_404_json(kept, method, path):
     assert reply.status == 404 and reply.json()["error"]["status"] == 404
 
 
-@model
 def test_bad_generation_request_is_400(kept):
     reply = client.fetch_sync(kept.port, "POST", "/generations", body={"max_tokens": 5})
     assert reply.status == 400 and "prompt" in reply.json()["error"]["message"]
@@ -289,7 +276,6 @@ def test_bad_generation_request_is_400(kept):
 # --------------------------------------------------------------------------
 
 
-@model
 def test_index_page_is_served(kept):
     reply = client.fetch_sync(kept.port, "GET", "/")
     if not (server_module.STATIC / "index.html").is_file():

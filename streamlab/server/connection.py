@@ -46,6 +46,7 @@ class ClientConnection:
         self.write_timeout = write_timeout
         self.buffer = b""
         self.bytes_sent = 0
+        self.sent_before_request = 0  # bytes_sent when the current request's head was read
         sock = writer.get_extra_info("socket")
         if sock is not None:
             # Send each small write at once. Nagle's algorithm would hold a
@@ -92,6 +93,7 @@ class ClientConnection:
             request = parser.feed(data)
             if request is not None:
                 self.buffer = parser.rest
+                self.sent_before_request = self.bytes_sent
                 return request
             data = await self._read_by(deadline, "head")
 
@@ -133,6 +135,11 @@ class ClientConnection:
         except ConnectionError:
             raise ClientGone(WRITE_FAILED) from None
         self.bytes_sent += len(data)
+
+    @property
+    def responding(self) -> bool:
+        """Whether the response to the current request has begun: then an error can only cut it."""
+        return self.bytes_sent > self.sent_before_request
 
     def send_nowait(self, data: bytes) -> None:
         """Queue a small write (a pong) without waiting; the next ``send`` drains it."""

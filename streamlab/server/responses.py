@@ -67,7 +67,7 @@ async def respond_json(
 
 async def refuse(client: ClientConnection, status: int, message: str, headers: Any = ()) -> None:
     """A JSON error, then a lingering close; once a response has started, an error can only cut it."""
-    if client.bytes_sent == 0:
+    if not client.responding:
         try:
             await client.send(error_response(status, message, headers))
         except ClientGone:
