@@ -38,9 +38,6 @@ class ThreeWays:
         """Did the same text arrive all three ways, for every prompt?"""
         return all(len({t.text for t in by_way.values()}) == 1 for by_way in self.traces)
 
-    def texts_agree(self) -> list[bool]:
-        return [len({t.text for t in by_way.values()}) == 1 for by_way in self.traces]
-
 
 def three_ways(
     port: int, prompts: Sequence[str], *, max_tokens: int = 100, seed: int = 0, ways: Sequence[str] = WAYS,

@@ -86,3 +86,60 @@ def generated_vs_delivered(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
     ax.set_title(title)
     ax.legend()
     return ax
+
+
+def refusal_times(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
+                  title: str = "How long each refusal took (ms, log scale)") -> Any:
+    """One bar per hostile request: the time to its refusal, coloured by the answer's kind."""
+    ax = _axes(ax, (9, 0.8 + 0.28 * len(rows)))
+    labels = [f"{r['what a stranger sends']}  →  {r['answer']}" for r in rows]
+    values = [max(r["ms to refuse"], 0.01) for r in rows]
+    colors = [COLORS[1] if (r["answer"] or 0) >= 1000 else COLORS[0] for r in rows]
+    ax.barh(range(len(rows))[::-1], values, color=colors)
+    ax.set_yticks(range(len(rows))[::-1])
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("milliseconds from the last byte sent to the refusal (blue: HTTP status, orange: WebSocket close)")
+    ax.set_title(title)
+    return ax
+
+
+def stall_gaps(stalls: Sequence[Any], *, ax: Any = None,
+               title: str = "Another reader's gaps while a long prompt is read") -> Any:
+    """For each server, the reader's gap before each piece over time, the long prompt's reading shaded."""
+    ax = _axes(ax, (9, 3.5))
+    for i, stall in enumerate(stalls):
+        color = COLORS[i % len(COLORS)]
+        points = stall.gaps_during()
+        ax.plot([t for t, _ in points], [g for _, g in points], marker=".", linewidth=1, color=color, label=stall.server)
+        end = stall.long_first_text or stall.long_end
+        if end is not None:
+            ax.axvspan(stall.long_sent, end, color=color, alpha=0.12)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since the reader asked (shaded: the long prompt being read)")
+    ax.set_ylabel("gap before the piece (s)")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def first_text_by_readers(rows: Sequence[Mapping[str, Any]], *, idle: float | None = None, ax: Any = None,
+                          title: str = "Time to first text as readers arrive at once") -> Any:
+    """Median and worst time to first text of the readers served, per number of simultaneous readers."""
+    import pandas as pd
+
+    ax = _axes(ax, (8, 3.5))
+    table = pd.DataFrame(rows)
+    served = table[table["status"] == 200]
+    for i, (server, group) in enumerate(served.groupby("server", sort=False)):
+        stats = group.groupby("readers")["first text (s)"].agg(["median", "max"])
+        color = COLORS[i % len(COLORS)]
+        ax.plot(stats.index, stats["median"], marker="o", color=color, label=f"{server}: median")
+        ax.plot(stats.index, stats["max"], marker="^", linestyle="--", color=color, label=f"{server}: worst")
+    if idle is not None:
+        ax.axhline(2 * idle, color="grey", linestyle=":", label="2x an idle server")
+    ax.set_xlabel("readers asking at the same moment")
+    ax.set_ylabel("first text (s), readers served")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax

@@ -10,12 +10,14 @@ the table in the book is the table that is tested.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+from . import client
 from . import websocket as ws
 from .http import ResponseHeadParser
 
@@ -167,3 +169,182 @@ def _message(body: bytes) -> str:
         return json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return body[:80].decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------
+# Chapter 9's experiments: run against live servers, return tidy rows
+# --------------------------------------------------------------------------
+
+
+def refusal_table(port: int, cases: list[Case] | None = None) -> list[dict]:
+    """Every case against one server: what was sent, what was due, what came back, how fast."""
+    rows = []
+    for case in cases or CASES:
+        outcome = probe(port, case)
+        rows.append({
+            "what a stranger sends": case.name,
+            "expected": case.expect,
+            "answer": outcome.answer,
+            "as expected": outcome.answer == case.expect,
+            "ms to refuse": round(outcome.seconds * 1000, 2),
+            "says": outcome.message,
+        })
+    return rows
+
+
+def digits(tokens: int) -> str:
+    """A prompt of exactly ``tokens`` tokens for a SmolLM2/Llama-style tokenizer: one digit each."""
+    return "1" * tokens
+
+
+@dataclass
+class Stall:
+    """One run of the long-prompt experiment on one server (times in seconds from the reader's request)."""
+
+    server: str
+    reader: Any  # the Trace of the reader already streaming
+    long_sent: float
+    long_first_text: float | None
+    long_end: float | None
+    short_sent: float
+    short_first_text: float | None  # after short_sent
+
+    def gaps_during(self) -> list[tuple[float, float]]:
+        """``(time, gap)`` of each of the reader's text events: how long it waited for that piece."""
+        times = [e.t for e in self.reader.events if e.kind == "text"]
+        return [(b, b - a) for a, b in zip(times, times[1:])]
+
+    def row(self) -> dict:
+        during = [gap for t, gap in self.gaps_during()
+                  if self.long_sent <= t <= (self.long_first_text or self.long_end or t)]
+        return {
+            "server": self.server,
+            "long prompt read in (s)": None if self.long_first_text is None else round(self.long_first_text - self.long_sent, 2),
+            "other reader's longest gap (s)": round(max(during), 2) if during else None,
+            "other reader's pieces meanwhile": len(during),
+            "5-token request: first text after (s)": None if self.short_first_text is None else round(self.short_first_text, 2),
+        }
+
+
+async def long_prompt_stall(port: int, server: str, *, prompt_tokens: int = 4000, reader_tokens: int = 4000,
+                            short_tokens: int = 5, settle: float = 1.0, timeout: float = 600) -> Stall:
+    """While one reader streams, a long prompt arrives, then a short request: who waits for whom?
+
+    The reader's answer is a ``/generations`` resource, so that it can be
+    stopped cleanly at the end (``cancel``) and its trace kept. ``settle``
+    seconds after its first words the ``prompt_tokens``-token prompt is sent,
+    and ``settle`` seconds later a request for ``short_tokens`` tokens. Read in
+    one pass, the long prompt holds the model: the reader's stream stops and
+    the short request waits for the whole prefill. Read in chunks, both slip
+    in between the chunks.
+    """
+    body = {"chat": False, "ignore_eos": True, "seed": 0}
+    created = await client.create_generation(port, {"prompt": "Tell me about lighthouses.",
+                                                    "max_tokens": reader_tokens, **body})
+    reader_task = asyncio.ensure_future(client.events(port, created["events"], timeout=timeout))
+    start = time.perf_counter()
+    while time.perf_counter() - start < 60:  # wait for the reader's first words
+        state = await client.get_json(port, f"/generations/{created['id']}")
+        if state["tokens"] > 0:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(settle)
+    long_task = asyncio.ensure_future(client.post(
+        port, "/stream", {"prompt": digits(prompt_tokens), "max_tokens": 1, **body}, timeout=timeout))
+    await asyncio.sleep(settle)
+    short = await client.post(port, "/stream", {"prompt": "Hello", "max_tokens": short_tokens, **body}, timeout=timeout)
+    long = await long_task
+    await client.cancel_generation(port, created["id"])
+    reader = await reader_task
+    return Stall(
+        server=server,
+        reader=reader,
+        long_sent=long.sent - reader.sent,
+        long_first_text=None if long.first_text is None else long.sent + long.first_text - reader.sent,
+        long_end=None if long.end is None else long.sent + long.end - reader.sent,
+        short_sent=short.sent - reader.sent,
+        short_first_text=short.first_text,
+    )
+
+
+async def leave_during_prefill(port: int, server: str, *, prompt_tokens: int = 4000, leave_after: float = 2.0,
+                               timeout: float = 600) -> dict:
+    """A reader sends a long prompt and leaves ``leave_after`` seconds later: how much of it was still read?"""
+    body = {"prompt": digits(prompt_tokens), "max_tokens": 5, "chat": False}
+    known = {r["id"] for r in await client.get_json(port, "/log")}
+    left_at = time.time() + leave_after
+    await client.post(port, "/stream", body, leave_after=leave_after, timeout=timeout)
+    mine = [r for r in await client.get_json(port, "/log") if r["id"] not in known]
+    record = await client.wait_log(port, mine[0]["id"], timeout=timeout)
+    return {
+        "server": server,
+        "prompt tokens": record["prompt_tokens"],
+        "read before stopping": record["prompt_tokens_read"],
+        "compute after the reader left (s)": round(max(0.0, record["ended"] - left_at), 2),
+        "tokens generated": record["tokens"],
+        "noticed by": record["stop_signal"],
+    }
+
+
+async def concurrent_first_tokens(port: int, n: int, *, max_tokens: int = 8, timeout: float = 600) -> list[dict]:
+    """``n`` readers ask at the same moment: each one's status and time to first text."""
+    prompts = [{"prompt": f"Reader {i} asks about lighthouses.", "max_tokens": max_tokens, "chat": False,
+                "ignore_eos": True, "seed": i} for i in range(n)]
+    traces = await asyncio.gather(*(client.post(port, "/stream", body, timeout=timeout) for body in prompts))
+    return [{"readers": n, "status": t.status, "first text (s)": t.first_text, "end (s)": t.end} for t in traces]
+
+
+async def admission_sweep(ports: dict[str, int], counts: list[int], *, max_tokens: int = 8) -> list[dict]:
+    """For each server (by label) and each count of simultaneous readers, every reader's outcome."""
+    rows = []
+    for label, port in ports.items():
+        for n in counts:
+            for row in await concurrent_first_tokens(port, n, max_tokens=max_tokens):
+                rows.append({"server": label, **row})
+    return rows
+
+
+def slowloris(port: int, *, connections: int = 20, interval: float = 0.5, limit: float = 60.0) -> dict:
+    """``connections`` clients each send their request head one byte every ``interval`` seconds.
+
+    Each would hold its connection for ever without a deadline on the whole
+    head. Returns how many were cut, with which status, and after how long.
+    """
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4096
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=limit) for _ in range(connections)]
+    for sock in socks:
+        sock.setblocking(False)
+    started = time.perf_counter()
+    cut: dict[int, tuple[float, bytes]] = {}
+    position = 0
+    try:
+        while len(cut) < connections and time.perf_counter() - started < limit:
+            for i, sock in enumerate(socks):
+                if i in cut:
+                    continue
+                try:
+                    data = sock.recv(65536)
+                    cut[i] = (time.perf_counter() - started, data)
+                    continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    cut[i] = (time.perf_counter() - started, b"")
+                    continue
+                try:
+                    sock.send(head[position % len(head):position % len(head) + 1])
+                except OSError:
+                    cut[i] = (time.perf_counter() - started, b"")
+            position += 1
+            time.sleep(interval)
+    finally:
+        for sock in socks:
+            sock.close()
+    statuses = [data[9:12].decode() if data.startswith(b"HTTP/1.1 ") else "closed" for _, data in cut.values()]
+    return {
+        "connections": connections,
+        "byte every (s)": interval,
+        "cut": len(cut),
+        "answer": max(set(statuses), key=statuses.count) if statuses else None,
+        "cut after (s)": round(max((t for t, _ in cut.values()), default=float("nan")), 2),
+    }

@@ -22,6 +22,8 @@ QUICK: dict[str, dict] = {
                      "idle_timeout": 1.0, "ping_interval": 0.3},
     "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
     "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "max_connections": 3, "es_tokens": 6},
+    "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8],
+                                  "answer_tokens": 4, "slow_connections": 5, "head_timeout": 1.0},
 }
 
 
@@ -140,3 +142,25 @@ def test_08_reconnect_and_resume(tmp_path):
     assert es["keeps events"]["stopped by 204"] is True and es["keeps events"]["connections"] == 2
     assert es["--forget"]["connections"] == 3 and es["--forget"]["stopped by 204"] is False
     assert es["--forget"]["tokens generated"] >= 2 * 6
+
+
+def test_09_a_stranger_at_the_door(tmp_path):
+    f = run_chapter("09_a_stranger_at_the_door", tmp_path)
+    assert len(f["refusals"]) >= 20 and all(r["as expected"] for r in f["refusals"])
+    too_long = next(r for r in f["refusals"] if r["what a stranger sends"].startswith("prompt longer"))
+    assert too_long["answer"] == 400 and "8300" in too_long["says"]
+    assert f["slowloris"]["cut"] == f["slowloris"]["connections"] and f["slowloris"]["answer"] == "408"
+    one_pass, chunked = f["stalls"]
+    # In chunks the short request does not wait for the whole prompt; in one pass it does.
+    assert chunked["5-token request: first text after (s)"] < one_pass["5-token request: first text after (s)"]
+    assert chunked["other reader's pieces meanwhile"] > one_pass["other reader's pieces meanwhile"]
+    leaving = {row["server"]: row for row in f["leaving"]}
+    assert leaving["in chunks"]["read before stopping"] < leaving["in chunks"]["prompt tokens"]
+    assert leaving["one pass"]["read before stopping"] == leaving["one pass"]["prompt tokens"]
+    crowd = [r for r in f["crowd"] if r["readers"] == 8]
+    limited = [r for r in crowd if r["server"].startswith("--max-active")]
+    unlimited = [r for r in crowd if r["server"] == "no limit"]
+    assert sum(r["status"] == 503 for r in limited) == 4 and sum(r["status"] == 200 for r in limited) == 4
+    assert all(r["status"] == 200 for r in unlimited)
+    if f["cross_site"] is not None:  # Chromium present: nothing the hostile page sent was generated or stored
+        assert f["cross_site_generated"] == 0 and f["cross_site_stored"] == 0
