@@ -6,7 +6,10 @@ is generated, that a reload mid-stream picks the same answer up again, that
 its Stop button stops the server's generation (not just the page's display),
 that a reload afterwards shows the partial answer marked as such, and that the
 page's Markdown rendering of half-written text neither breaks nor runs HTML
-from the model.
+from the model. Those run the real server over the real model (``model``).
+
+And what a page of another local origin can make the server do: nothing. The
+server over a fake model, in this process, is enough for that.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ from typing import Iterator
 
 import pytest
 
+from fakes import FakeLM
+from inprocess import serving
+
 from streamlab import browser, runner
-from streamlab.client import get_json_sync
+from streamlab.client import fetch_sync, get_json_sync
+from streamlab.server import guards
 
 REASON = browser.unavailable_reason()
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.model,
     pytest.mark.skipif(REASON is not None, reason=f"no headless browser: {REASON}"),
 ]
+model = pytest.mark.model  # the tests that load the real model
 
 # A prompt that makes the default model write at length, and a seed so it does
 # the same every run: the test presses Stop long before the model would end.
@@ -104,6 +111,7 @@ def send(driver, prompt: str, max_tokens: int, seed: int | None = SEED) -> None:
 # --------------------------------------------------------------------------
 
 
+@model
 def test_page_is_served(page, page_server):
     assert page.title == "streamlab"
     assert js(page, "return document.body.dataset.state") == "idle"
@@ -111,6 +119,7 @@ def test_page_is_served(page, page_server):
     assert not console_errors(page)
 
 
+@model
 def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     send(page, PROMPT, max_tokens=400)
     browser.wait_for(lambda: browser.page_state(page) == "streaming", 10, "the page to start streaming")
@@ -194,6 +203,7 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     assert not console_errors(page)
 
 
+@model
 def test_token_limit_is_shown_as_cut_off(page, page_server):
     send(page, PROMPT, max_tokens=5)
     browser.wait_for(lambda: browser.page_state(page) == "done", 30, "the end of a 5-token answer")
@@ -209,6 +219,7 @@ def test_token_limit_is_shown_as_cut_off(page, page_server):
     assert not console_errors(page)
 
 
+@model
 def test_refused_request_is_shown_as_failed(page, page_server):
     # The page never sends a bad body itself; make its fetch do so, to see a refusal shown.
     js(
@@ -242,6 +253,7 @@ def render(driver, text: str, partial: bool = True) -> str:
     return js(driver, f"return window.streamlab.{fn}(arguments[0])", text)
 
 
+@model
 def test_open_code_fence_renders_as_code(page):
     html = render(page, "Here:\n\n```python\nfor x in range(3):\n    print(x < 2)")
     assert "<pre><code" in html
@@ -253,6 +265,7 @@ def test_open_code_fence_renders_as_code(page):
     assert "<pre><code" in render(page, "```\nunfinished", partial=False)
 
 
+@model
 def test_half_table_and_half_link(page):
     table = "| name | tokens |\n|---|---|\n| a | 1 |\n| b | 2 |"
     html = render(page, table + "\n| c | ")
@@ -272,6 +285,7 @@ def test_half_table_and_half_link(page):
     assert "<h2" not in render(page, "Items:\n-")
 
 
+@model
 def test_every_prefix_renders_without_error(page):
     text = (
         "# Streaming\n\nSome **bold** and `code`, then a [link](https://example.com/x).\n\n"
@@ -302,6 +316,7 @@ def test_every_prefix_renders_without_error(page):
     assert not console_errors(page)
 
 
+@model
 def test_raw_html_from_the_model_is_not_run(page):
     payloads = [
         "<img src=x onerror=\"window.__xss = 1\">",
@@ -347,6 +362,7 @@ def test_raw_html_from_the_model_is_not_run(page):
 # --------------------------------------------------------------------------
 
 
+@model
 def test_screenshot_mid_stream(tmp_path: Path, page_server: runner.RunningServer):
     # On the module's server (``make run`` starts its own: the same code, with one more server start).
     out = browser.screenshot_mid_stream(tmp_path / "shot.png", max_tokens=60, pieces=8, url=page_server.url)
@@ -354,3 +370,96 @@ def test_screenshot_mid_stream(tmp_path: Path, page_server: runner.RunningServer
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1280, 800)
+
+
+# --------------------------------------------------------------------------
+# A page of another origin
+# --------------------------------------------------------------------------
+
+ATTEMPTS = [name for name, _ in browser.CROSS_SITE_ATTEMPTS]
+
+
+def by_attempt(result: dict) -> dict[str, dict]:
+    rows = result["attempts"]
+    assert [row["attempt"] for row in rows] == ATTEMPTS
+    assert len({frozenset(row) for row in rows}) == 1, "every row has the same keys (a table)"
+    return {row["attempt"]: row for row in rows}
+
+
+def test_a_page_of_another_origin_gets_nothing_done():
+    with serving(FakeLM("Hello from the model.")) as server:
+        started = time.monotonic()
+        result = browser.cross_site_attempt(server.port)
+        elapsed = time.monotonic() - started
+
+        assert result["generated"] == 0 and result["stored"] == 0, result
+        assert get_json_sync(server.port, "/log") == []
+        assert server.store.conversations() == []
+        assert result["attacker"] != result["server"]
+        assert result["attacker"].startswith("http://127.0.0.1:")
+        rows = by_attempt(result)
+        for row in rows.values():
+            assert row["server_generated"] == 0 and row["server_stored"] == 0, row
+            assert row["page_read"] is False, row
+
+        # A simple request is sent without asking: the server refuses it, the page sees nothing either way.
+        assert rows["no-cors fetch"]["outcome"] == "opaque response"
+        assert 'status 0, body ""' in rows["no-cors fetch"]["browser_saw"]
+        assert rows["no-cors fetch"]["wire"] == "POST /stream → 415 Unsupported Media Type"
+        # So is a form; its answer lands in a frame the page may not read.
+        assert rows["form post"]["outcome"] == "iframe loaded, unreadable"
+        assert "SecurityError" in rows["form post"]["browser_saw"]
+        assert rows["form post"]["wire"] == "POST /generations → 415 Unsupported Media Type"
+        # JSON needs a preflight, which the server never grants: the POST itself is never sent.
+        assert rows["json fetch"]["outcome"] == "TypeError"
+        assert rows["json fetch"]["wire"].startswith("OPTIONS /stream (preflight) → 405")
+        assert "POST /stream: not sent (CORS Preflight" in rows["json fetch"]["wire"]
+        # A GET is answered, but the browser keeps the answer from the page.
+        assert rows["read conversations"]["outcome"] == "TypeError"
+        assert rows["read conversations"]["wire"].startswith("GET /conversations → 200 OK, kept from the page (CORS")
+        assert any("CORS policy" in message for message in rows["read conversations"]["console"])
+        # CORS does not cover WebSockets: the server's Origin check refuses the upgrade.
+        assert rows["websocket"]["outcome"] == "close 1006"
+        assert rows["websocket"]["browser_saw"].startswith("never opened")
+        assert rows["websocket"]["wire"] == "GET /ws (WebSocket upgrade) → 403 Forbidden"
+
+        # The control: the server's own origin may POST JSON, and that is generated and stored.
+        own = f"http://127.0.0.1:{server.port}"
+        reply = fetch_sync(
+            server.port, "POST", "/stream", body={"prompt": "hi", "max_tokens": 5}, headers=[("Origin", own)]
+        )
+        assert reply.status == 200, reply.body
+        assert len(get_json_sync(server.port, "/log")) == 1
+        assert len(get_json_sync(server.port, "/conversations")) == 1
+        # ... and the attacker's origin may not, even with the right Content-Type.
+        refused = fetch_sync(
+            server.port, "POST", "/stream", body={"prompt": "hi", "max_tokens": 5},
+            headers=[("Origin", result["attacker"])],
+        )
+        assert refused.status == 403
+        assert len(get_json_sync(server.port, "/log")) == 1
+    assert elapsed < 20
+
+
+def test_the_same_page_gets_through_without_the_guards(monkeypatch):
+    """The measurement's own control: with the Content-Type and Origin checks off, it sees what slips through."""
+    monkeypatch.setattr(guards.Guards, "check_json", staticmethod(lambda request: None))
+    monkeypatch.setattr(guards.Guards, "check_origin", lambda self, request: None)
+    with serving(FakeLM("Hello from the model.")) as server:
+        result = browser.cross_site_attempt(server.port)
+        rows = by_attempt(result)
+        # The page sees the same opaque response as when it was refused: only the server can tell.
+        assert rows["no-cors fetch"]["outcome"] == "opaque response"
+        assert rows["no-cors fetch"]["page_read"] is False
+        assert rows["no-cors fetch"]["wire"] == "POST /stream → 200 OK"
+        assert rows["no-cors fetch"]["server_generated"] == 1 and rows["no-cors fetch"]["server_stored"] == 1
+        # Without an Origin check a WebSocket is wide open, reading included.
+        assert rows["websocket"]["outcome"] == "message" and rows["websocket"]["page_read"] is True
+        assert rows["websocket"]["wire"] == "GET /ws (WebSocket upgrade) → 101 Switching Protocols"
+        assert rows["websocket"]["server_generated"] == 1
+        # A form body is not JSON (400), and CORS still stands in the way of the rest.
+        assert rows["form post"]["server_generated"] == 0
+        assert rows["json fetch"]["server_generated"] == 0 and rows["json fetch"]["outcome"] == "TypeError"
+        assert rows["read conversations"]["page_read"] is False
+        assert result["generated"] == 2 and result["stored"] == 2, result
+        assert len(get_json_sync(server.port, "/log")) == 2
