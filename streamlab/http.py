@@ -1,10 +1,18 @@
-"""HTTP/1.1, written out: message heads, bodies, chunked framing (RFC 9110/9112).
+"""HTTP/1.1, written out: message heads and responses (RFC 9110/9112).
 
 An HTTP/1.1 message is a *head* (a start line and header lines, each ended
 by CRLF, then an empty line) followed by a *body*. The hard part is not the
 syntax but the framing: knowing where the head ends, where the body ends,
 and refusing input that two programs could read differently (the root of
 "request smuggling"). Every check below exists for one of those reasons.
+
+This module holds the heads: ``RequestHeadParser`` and ``parse_request_head``
+on the server side, ``ResponseHeadParser`` and ``parse_response_head`` on the
+client and proxy side, and the writers of responses (``response_head``,
+``json_response``, ``error_response``). The body, chunked coding and
+``BodyReader``, is in ``streamlab.http_body``; the field syntax both share,
+and ``HTTPError``, in ``streamlab.http_fields``. Their public names are
+re-exported here, so ``from streamlab.http import BodyReader`` keeps working.
 
 Like the other protocol modules this one never touches a socket. The
 asyncio server feeds ``RequestHeadParser`` the bytes it reads; the client
@@ -25,6 +33,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote
+
+from .http_body import LAST_CHUNK, BodyReader, ChunkedDecoder, IncompleteBody, encode_chunk
+from .http_fields import TOKEN, HTTPError, check_line_bytes, list_tokens, parse_header_line
 
 __all__ = [
     "LAST_CHUNK",
@@ -47,42 +58,11 @@ __all__ = [
 ]
 
 
-class HTTPError(Exception):
-    """Input we refuse, with the status a server should answer with.
-
-    Request-side problems carry 4xx/5xx codes meant for the client (400 bad
-    syntax, 413 body too large, 431 head too large, 501 unsupported
-    transfer coding, 505 unsupported version). A malformed *response* from
-    an upstream server is reported as 502 Bad Gateway, which is what a proxy
-    would answer its own client.
-    """
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status} {message}")
-        self.status = status
-        self.message = message
-
-
-class IncompleteBody(Exception):
-    """The connection closed before the body its head announced was complete.
-
-    Without this check a truncated response is indistinguishable from a
-    short one.
-    """
-
-
-# token = 1*tchar: the characters allowed in methods and header names.
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-# Control characters other than HTAB may not appear in a header value.
-_FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Host = uri-host [ ":" port ] (RFC 9110 section 7.2, RFC 3986 section 3.2.2):
 # an IP literal in brackets or a reg-name (possibly empty), then digits.
 _HOST = re.compile(r"(?:\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 # An HTTP-version is case-sensitive "HTTP/" DIGIT "." DIGIT (RFC 9112 section 2.3).
 _VERSION = re.compile(r"HTTP/[0-9]\.[0-9]")
-# Control characters (except HTAB) in a chunk-size line: a bare CR in a
-# chunk extension is read as a line end by some parsers (a smuggling vector).
-_FORBIDDEN_IN_CHUNK_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 #: The largest Content-Length we can represent (a 63-bit length, what every
 #: server's file offsets use); a longer value is refused as malformed rather
@@ -95,21 +75,6 @@ MAX_CONTENT_LENGTH = (1 << 63) - 1
 # --------------------------------------------------------------------------
 
 
-def _check_line_bytes(line: str, bad_status: int) -> None:
-    """Refuse a head line holding bytes that parsers disagree about.
-
-    A NUL or a CR that is not part of CRLF is read as a line ending by some
-    programs and as data by others. A proxy and a server that disagree about
-    where a header ends can be tricked into seeing two different requests,
-    so both are refused outright (RFC 9112 section 2.2 allows exactly that
-    for a bare CR).
-    """
-    if "\0" in line:
-        raise HTTPError(bad_status, "NUL byte in message head")
-    if "\r" in line:
-        raise HTTPError(bad_status, "bare CR in message head")
-
-
 def _split_head_lines(head: bytes, bad_status: int) -> list[str]:
     """Split a head into lines (line endings removed), checking each one's bytes."""
     lines = head.decode("latin-1").split("\n")
@@ -117,32 +82,10 @@ def _split_head_lines(head: bytes, bad_status: int) -> list[str]:
     while lines and lines[-1] == "":
         lines.pop()  # the empty line(s) that terminated the head
     for line in lines:
-        _check_line_bytes(line, bad_status)
+        check_line_bytes(line, bad_status)
     if not lines:
         raise HTTPError(bad_status, "empty message head")
     return lines
-
-
-def _parse_header_line(line: str, bad_status: int) -> tuple[str, str]:
-    """Parse one ``Name: value`` line into ``(lowercased name, stripped value)``."""
-    if line[:1] in (" ", "\t"):
-        # Obsolete line folding: a continuation of the previous header (or,
-        # on the first header line, whitespace after the start line). RFC
-        # 9112 sections 2.2 and 5.2 let a server reject both, and old
-        # proxies disagree on what they mean.
-        raise HTTPError(bad_status, "obsolete line folding in header")
-    name, colon, value = line.partition(":")
-    if not colon:
-        raise HTTPError(bad_status, f"header line without colon: {line[:40]!r}")
-    if not _TOKEN.fullmatch(name):
-        # Also catches "Name : value": whitespace before the colon has been
-        # used to smuggle a header past a proxy that strips it, and RFC 9112
-        # section 5.1 says a server MUST answer it with 400.
-        raise HTTPError(bad_status, f"invalid header name {name[:40]!r}")
-    value = value.strip(" \t")
-    if _FORBIDDEN_IN_VALUE.search(value):
-        raise HTTPError(bad_status, f"control character in header {name!r}")
-    return name.lower(), value
 
 
 def _parse_header_lines(
@@ -151,14 +94,7 @@ def _parse_header_lines(
     """Parse ``Name: value`` lines into ``(lowercased name, stripped value)`` pairs."""
     if len(lines) > max_headers:
         raise HTTPError(too_many_status, f"more than {max_headers} header fields")
-    return [_parse_header_line(line, bad_status) for line in lines]
-
-
-def _tokens(value: str | None) -> list[str]:
-    """The comma-separated tokens of a list header (``Connection``, ``Transfer-Encoding``)."""
-    if not value:
-        return []
-    return [token.strip().lower() for token in value.split(",") if token.strip()]
+    return [parse_header_line(line, bad_status) for line in lines]
 
 
 class _HeaderAccess:
@@ -216,7 +152,7 @@ class _HeaderAccess:
         HTTP/1.1 keeps connections open unless told ``Connection: close``;
         HTTP/1.0 closes them unless told ``Connection: keep-alive``.
         """
-        tokens = _tokens(self.header("connection"))
+        tokens = list_tokens(self.header("connection"))
         if "close" in tokens:
             return False
         if self.version == "HTTP/1.1":
@@ -321,7 +257,7 @@ class Request(_HeaderAccess):
 
     def is_chunked(self) -> bool:
         """Whether the body is sent with ``Transfer-Encoding: chunked``."""
-        return "chunked" in _tokens(self.header("transfer-encoding"))
+        return "chunked" in list_tokens(self.header("transfer-encoding"))
 
 
 class _RequestLines:
@@ -344,13 +280,13 @@ class _RequestLines:
         self.headers: list[tuple[str, str]] = []
 
     def add(self, line: str) -> None:
-        _check_line_bytes(line, 400)
+        check_line_bytes(line, 400)
         if self.start is None:
             self.start = _parse_request_line(line)
             return
         if len(self.headers) >= self.max_headers:
             raise HTTPError(431, f"more than {self.max_headers} header fields")
-        name, value = _parse_header_line(line, 400)
+        name, value = parse_header_line(line, 400)
         if name == "host":
             # RFC 9112 section 3.2: a server MUST answer 400 to more than one
             # Host line, or to a Host whose value is not a valid host[:port].
@@ -401,7 +337,7 @@ def _parse_request_line(line: str) -> tuple[str, str, str]:
     if len(parts) != 3:
         raise HTTPError(400, f"malformed request line {line[:80]!r}")
     method, target, version = parts
-    if not _TOKEN.fullmatch(method):
+    if not TOKEN.fullmatch(method):
         raise HTTPError(400, f"invalid method {method[:20]!r}")
     if not _VERSION.fullmatch(version):
         raise HTTPError(400, f"malformed HTTP version {version[:20]!r}")
@@ -426,7 +362,7 @@ def _check_request_framing(request: Request) -> None:
         raise HTTPError(400, "more than one Host header")
     transfer_coding = request.header("transfer-encoding")
     if transfer_coding is not None:
-        if _tokens(transfer_coding) != ["chunked"]:
+        if list_tokens(transfer_coding) != ["chunked"]:
             raise HTTPError(501, f"unsupported Transfer-Encoding {transfer_coding!r}")
         if request.header("content-length") is not None:
             # Both headers: a front end and a back end may each pick a
@@ -510,7 +446,7 @@ def response_head(
     lines = [f"HTTP/1.1 {status} {reason_phrase(status)}\r\n"]
     for name, value in items:
         value = str(value)
-        if not _TOKEN.fullmatch(name):
+        if not TOKEN.fullmatch(name):
             raise ValueError(f"invalid header name {name!r}")
         if "\r" in value or "\n" in value or "\0" in value:
             raise ValueError(f"CR, LF or NUL in value of header {name!r}")
@@ -555,140 +491,6 @@ def error_response(
     if not _has_header(items, "connection"):
         items.insert(0, ("Connection", "close"))
     return json_response(status, {"error": {"status": status, "message": message}}, items)
-
-
-# --------------------------------------------------------------------------
-# Chunked transfer coding
-# --------------------------------------------------------------------------
-
-#: The zero-length chunk and the empty trailer section: "the body ends here".
-LAST_CHUNK = b"0\r\n\r\n"
-
-
-def encode_chunk(data: bytes) -> bytes:
-    """One chunk: size in hex, CRLF, the data, CRLF.
-
-    An empty ``data`` gives ``b""`` rather than ``b"0\\r\\n\\r\\n"``: a zero-size
-    chunk means end of body, and a streaming loop that happens to produce an
-    empty piece must not end the response by accident.
-    """
-    if not data:
-        return b""
-    return f"{len(data):x}\r\n".encode("ascii") + bytes(data) + b"\r\n"
-
-
-_HEX = re.compile(rb"[0-9A-Fa-f]+")
-
-
-class ChunkedDecoder:
-    """Incremental decoder of a chunked body.
-
-    ``feed`` returns body bytes as soon as they arrive, even in the middle of
-    a chunk: chunk boundaries carry no meaning (any proxy may re-chunk), and
-    waiting for a whole chunk would only add delay to a stream. After the
-    last chunk and trailer section, ``done`` is True, the trailer fields are
-    in ``trailers`` and any bytes that followed are in ``rest``.
-    """
-
-    def __init__(self, max_chunk: int = 1 << 24, max_line: int = 4096) -> None:
-        self.max_chunk = max_chunk
-        self.max_line = max_line
-        self.done = False
-        self.rest = b""
-        self.trailers: list[tuple[str, str]] = []
-        self._buffer = bytearray()
-        self._state = "size"  # size -> data -> data-end -> size ... -> trailer -> done
-        self._remaining = 0
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Consume bytes; return the body bytes they contained."""
-        if self.done:
-            self.rest += data
-            return []
-        self._buffer += data
-        out: list[bytes] = []
-        while self._step(out):
-            pass
-        return out
-
-    def _step(self, out: list[bytes]) -> bool:
-        """Advance by one piece of syntax; False when more bytes are needed."""
-        buf = self._buffer
-        if self._state == "size":
-            line = self._take_line()
-            if line is None:
-                return False
-            self._remaining = self._parse_size(line)
-            self._state = "data" if self._remaining else "trailer"
-        elif self._state == "data":
-            if not buf:
-                return False
-            piece = bytes(buf[: self._remaining])
-            del buf[: len(piece)]
-            self._remaining -= len(piece)
-            out.append(piece)
-            if self._remaining == 0:
-                self._state = "data-end"
-        elif self._state == "data-end":
-            # The chunk's data must be followed by CRLF right away; anything
-            # else means the size lied, and we must not guess.
-            if buf[:2] == b"\r\n" or buf[:1] == b"\n":
-                del buf[: 2 if buf[:1] == b"\r" else 1]
-                self._state = "size"
-            elif buf in (b"", b"\r"):
-                return False
-            else:
-                raise HTTPError(400, "chunk data longer than its declared size")
-        elif self._state == "trailer":
-            line = self._take_line()
-            if line is None:
-                return False
-            if line == b"":
-                self.done = True
-                self.rest = bytes(buf)
-                buf.clear()
-                return False
-            if len(self.trailers) >= 100:
-                raise HTTPError(400, "too many trailer fields")
-            # Trailer fields follow the rules of header fields.
-            text = line.decode("latin-1")
-            _check_line_bytes(text, 400)
-            try:
-                self.trailers.append(_parse_header_line(text, 400))
-            except HTTPError as err:
-                raise HTTPError(400, f"malformed trailer field: {err.message}") from None
-        return True
-
-    def _take_line(self) -> bytes | None:
-        """Remove and return one line (without its line ending), or None if incomplete.
-
-        A line longer than ``max_line`` (everything before its LF) is
-        refused whether it is still arriving or arrived whole, so the
-        outcome does not depend on how the bytes were split.
-        """
-        end = self._buffer.find(b"\n")
-        if end > self.max_line or (end < 0 and len(self._buffer) > self.max_line):
-            raise HTTPError(400, "chunk size or trailer line too long")
-        if end < 0:
-            return None
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        return line[:-1] if line.endswith(b"\r") else line
-
-    def _parse_size(self, line: bytes) -> int:
-        if _FORBIDDEN_IN_CHUNK_LINE.search(line):
-            raise HTTPError(400, "control character in chunk size line")
-        # Chunk extensions (";name=value") are allowed and ignored by everyone.
-        size_text = line.split(b";", 1)[0].rstrip(b" \t")
-        # Hex digits only: int(x, 16) would also accept "0x1f", "+1f", " 1f"
-        # or "1_f", and two parsers that disagree on the size disagree on
-        # where the next request starts.
-        if not _HEX.fullmatch(size_text):
-            raise HTTPError(400, f"invalid chunk size {size_text[:20]!r}")
-        size = int(size_text, 16)
-        if size > self.max_chunk:
-            raise HTTPError(413, f"chunk of {size} bytes exceeds {self.max_chunk}")
-        return size
 
 
 # --------------------------------------------------------------------------
@@ -740,116 +542,3 @@ class ResponseHeadParser(_HeadParser):
         if head is None:
             return None
         return parse_response_head(head, max_headers=self.max_headers)
-
-
-class BodyReader:
-    """Read a message body, knowing where it ends (RFC 9112 section 6.3).
-
-    ``mode`` is how the end is found:
-
-    - ``"none"``: there is no body (a HEAD request, 1xx, 204, 304).
-    - ``"length"``: exactly ``Content-Length`` bytes.
-    - ``"chunked"``: until the zero-size chunk.
-    - ``"close"``: until the server closes the connection. This is the only
-      mode in which a truncated body looks complete, which is why streaming
-      servers prefer chunked.
-
-    ``feed`` returns body bytes as they arrive; bytes past the end of the
-    body are kept in ``rest``. Call ``eof()`` when the connection closes: it
-    raises ``IncompleteBody`` if the body was cut short.
-    """
-
-    def __init__(
-        self, response: Response, request_method: str = "GET", *, max_body: int | None = None
-    ) -> None:
-        mode, length = self._framing(response, request_method.upper())
-        self._setup(mode, length, max_body)
-
-    @classmethod
-    def for_request(cls, request: Request, *, max_body: int | None = None) -> BodyReader:
-        """A reader for a request body: chunked, Content-Length, or none at all.
-
-        Unlike a response, a request without either header has no body; it
-        can never be "read until close", since the client still waits for
-        the answer on that connection.
-        """
-        if request.is_chunked():
-            mode, length = "chunked", None
-        else:
-            mode, length = "length", request.content_length() or 0
-        reader = cls.__new__(cls)
-        reader._setup(mode, length, max_body)
-        return reader
-
-    @staticmethod
-    def _framing(response: Response, method: str) -> tuple[str, int | None]:
-        status = response.status
-        if method == "HEAD" or 100 <= status < 200 or status in (204, 304):
-            return "none", 0
-        if method == "CONNECT" and 200 <= status < 300:
-            return "none", 0  # the connection becomes a tunnel
-        transfer_coding = _tokens(response.header("transfer-encoding"))
-        if transfer_coding:
-            # Transfer-Encoding overrides Content-Length. If chunked is not
-            # the final coding, only the close of the connection ends the body.
-            return ("chunked", None) if transfer_coding[-1] == "chunked" else ("close", None)
-        length = response.content_length()
-        if length is not None:
-            return "length", length
-        return "close", None
-
-    def _setup(self, mode: str, length: int | None, max_body: int | None) -> None:
-        self.mode = mode
-        self.length = length  # declared length, for mode "length"
-        self.max_body = max_body
-        self.received = 0
-        self._remaining = length or 0
-        self._chunked = ChunkedDecoder() if mode == "chunked" else None
-        self._rest = b""
-        self._eof = False
-        if max_body is not None and length is not None and length > max_body:
-            # Refuse before reading a single byte of it.
-            raise HTTPError(413, f"body of {length} bytes exceeds {max_body}")
-
-    @property
-    def done(self) -> bool:
-        """Whether the whole body has been received."""
-        if self.mode == "chunked":
-            assert self._chunked is not None
-            return self._chunked.done
-        if self.mode == "close":
-            return self._eof
-        return self._remaining == 0
-
-    @property
-    def rest(self) -> bytes:
-        """Bytes received after the end of the body (e.g. the next response)."""
-        if self._chunked is not None:
-            return self._chunked.rest
-        return self._rest
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Consume bytes from the connection; return the body bytes among them."""
-        if self.mode == "chunked":
-            assert self._chunked is not None
-            pieces = self._chunked.feed(data)
-        elif self.mode == "close":
-            pieces = [bytes(data)] if data and not self._eof else []
-        else:  # "length" and "none"
-            piece = bytes(data[: self._remaining])
-            self._rest += data[len(piece) :]
-            self._remaining -= len(piece)
-            pieces = [piece] if piece else []
-        self.received += sum(len(p) for p in pieces)
-        if self.max_body is not None and self.received > self.max_body:
-            raise HTTPError(413, f"body exceeds {self.max_body} bytes")
-        return pieces
-
-    def eof(self) -> None:
-        """The connection closed: complete the body, or raise ``IncompleteBody``."""
-        self._eof = True
-        if not self.done:
-            expected = f"{self.length} bytes" if self.mode == "length" else "the last chunk"
-            raise IncompleteBody(
-                f"connection closed after {self.received} body bytes, before {expected}"
-            )
