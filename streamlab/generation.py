@@ -6,6 +6,15 @@ disconnects noticed), so each generation gets a thread. The thread hands each
 piece over with ``loop.call_soon_threadsafe`` (an ``asyncio.Queue`` is not
 thread-safe), and checks a stop flag before every token: that flag is how a
 server that notices a departed client stops spending compute on it.
+
+The prompt is read in chunks of :data:`PREFILL_CHUNK` tokens, each its own turn
+with the model lock, the KV cache carried from one to the next. Read in one
+forward pass, a 4,000-token prompt holds the model for ~10-30 s on a 2-core
+CPU: every other stream freezes for that long, and a reader who leaves is only
+noticed at the end. In chunks, the other streams' tokens slip in between (the
+lock is fair: see :class:`streamlab.model.FairLock`) and the stop flag is
+checked before each chunk. The price is more work in all, about a quarter on a
+CPU at the default size: see :data:`PREFILL_CHUNK` and ``benchmarks/prefill.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,18 @@ from .detokenizer import Detokenizer, NaiveDetokenizer
 from .sampling import Sampler
 
 from .stops import EOS, ERROR, MAX_TOKENS, STOPPED  # why a generation ended
+
+# Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
+# Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with
+# `python benchmarks/prefill.py` (2026-12-01; the machine is shared, figures move
+# by ~30% between runs): one pass 17.5 s, and a 20-token request arriving 1 s in
+# waited 15.8 s for its first token. In chunks of 256: 23.0 s (+31%: smaller
+# matrix products, and attention that cannot use the one-pass causal kernel), no
+# turn with the lock over 1.9 s, the other request's first token in 0.6 s, a
+# stop obeyed in 0.5 s (one chunk). Chunks of 512 cost +12% but hold the lock up
+# to 3.3 s a turn; chunks of 128 hold it 1.4 s but cost +53%. On a GPU every
+# figure shrinks a hundredfold and any of these sizes is cheap.
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,10 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int
 class Generation:
     """One answer being generated: start it, iterate its pieces, stop it.
 
+    ``prefill_chunk`` is how many prompt tokens go through the model per
+    forward pass (and per turn with the lock); 0 or None reads the prompt in one
+    pass. ``prompt_tokens_read`` counts the prompt tokens read so far.
+
     ``pauses`` maps a token count to seconds of silence after that token (for
     the keep-alive experiments); ``fail_after`` raises an error after that many
     tokens (for the errors-after-success experiments); ``token_delay`` adds a
@@ -88,7 +113,10 @@ class Generation:
         fail_after: int | None = None,
         token_delay: float = 0.0,
         on_token: Callable[[int], None] | None = None,
+        prefill_chunk: int | None = PREFILL_CHUNK,
     ) -> None:
+        if prefill_chunk is not None and int(prefill_chunk) < 0:
+            raise ValueError("prefill_chunk must be a positive number of tokens, or 0/None for one pass")
         if prompt_ids is None:
             if prompt is None:
                 raise ValueError("give a prompt or prompt_ids")
@@ -104,6 +132,8 @@ class Generation:
         self.fail_after = fail_after
         self.token_delay = token_delay
         self.on_token = on_token
+        self.prefill_chunk = int(prefill_chunk or 0)
+        self.prompt_tokens_read = 0
         self._stop = threading.Event()
         self.stop_source: str | None = None
         self.result: GenerationResult | None = None
@@ -116,7 +146,7 @@ class Generation:
 
     # -- control -------------------------------------------------------------
     def stop(self, source: str = "stopped") -> None:
-        """Ask the thread to stop before its next token (safe from any thread)."""
+        """Ask the thread to stop before its next token or prompt chunk (safe from any thread)."""
         if self.stop_source is None:
             self.stop_source = source
         self._stop.set()
@@ -172,6 +202,10 @@ class Generation:
         except RuntimeError:
             pass
 
+    def _prompt_chunks(self) -> list[list[int]]:
+        ids, size = self.prompt_ids, self.prefill_chunk or len(self.prompt_ids)
+        return [ids[i : i + size] for i in range(0, len(ids), size)]
+
     def _run(self) -> None:
         import torch
 
@@ -184,21 +218,41 @@ class Generation:
         # transformers 5 renamed the KV cache argument from past_key_values to cache.
         params = inspect.signature(lm.model.forward).parameters
         cache_arg = "cache" if "cache" in params else "past_key_values"
-        # Only the last position's logits are needed: skip the vocabulary projection of the prompt.
+        # Only the last position's logits are needed (and only the last chunk's): skip projecting the rest.
         extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        past = None
+
+        def forward(ids: list[int]) -> Any:
+            """One forward pass, one turn with the (fair) lock; returns the last position's logits."""
+            nonlocal past
+            inputs = torch.tensor([ids], dtype=torch.long, device=lm.device)
+            with lm.lock, torch.inference_mode():
+                out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past}, **extra)
+            past = out[cache_arg] if cache_arg in out else out.past_key_values
+            return out.logits[0, -1]
+
         try:
-            past = None
-            inputs = torch.tensor([self.prompt_ids], dtype=torch.long, device=lm.device)
+            token: int | None = None  # the last token made, fed back in; None until the prompt is read
             while self.tokens < self.max_tokens:
                 if self._stop.is_set():
                     reason = STOPPED
                     break
                 if self.fail_after is not None and self.tokens >= self.fail_after:
                     raise InjectedFault(f"injected fault after {self.tokens} tokens")
-                with lm.lock, torch.inference_mode():
-                    out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past}, **extra)
-                past = out[cache_arg] if cache_arg in out else out.past_key_values
-                token = self.sampler(out.logits[0, -1], self.token_ids)
+                if token is None:
+                    if not self.prompt_ids:
+                        raise ValueError("the prompt has no tokens")
+                    for chunk in self._prompt_chunks():
+                        if self._stop.is_set():
+                            break
+                        logits = forward(chunk)
+                        self.prompt_tokens_read += len(chunk)
+                    if self._stop.is_set():  # during the prompt, or just after: no token for a departed reader
+                        reason = STOPPED
+                        break
+                else:
+                    logits = forward([token])
+                token = self.sampler(logits, self.token_ids)
                 if token in eos:
                     reason = EOS
                     break
@@ -217,9 +271,9 @@ class Generation:
                 pause = self.pauses.get(self.tokens)
                 if pause:
                     self._stop.wait(pause)
-                inputs = torch.tensor([[token]], dtype=torch.long, device=lm.device)
         except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
             reason, error = ERROR, f"{type(exc).__name__}: {exc}"
+        past = None  # the KV cache can be large: let it go before the result is read
         tail = self.detokenizer.flush()
         if tail:
             texts.append(tail)
@@ -238,8 +292,8 @@ class Generation:
         self._finish()
 
 
-def generate_text(lm: Any, prompt: str, **kwargs: Any) -> GenerationResult:
-    """Generate a whole answer synchronously (scripts, notebooks, tests)."""
+def generate_text(lm: Any, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+    """Generate a whole answer synchronously (scripts, notebooks, tests); ``prompt_ids=`` works too."""
 
     async def main() -> GenerationResult:
         gen = Generation(lm, prompt, **kwargs)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,95 @@ CACHE_FORMAT = 1
 _COMPLETE_MARKER = "streamlab-complete.json"
 
 
+# A tokenizer with no configured limit reports transformers' VERY_LARGE_INTEGER
+# (1e30) as its model_max_length; anything above this is not a real context window.
+_SANE_CONTEXT_LIMIT = 1 << 24
+
+
 class ModelError(RuntimeError):
     """A model could not be loaded; the message names the fix."""
+
+
+class FairLock:
+    """A mutual-exclusion lock that serves its waiters first come, first served.
+
+    ``threading.Lock`` promises no order, and in practice it favours the thread
+    that just released it. Releasing wakes one waiter, but the releaser keeps
+    running (and keeps the GIL); if it asks for the lock again straight away, as
+    a generation does between two prompt chunks or two tokens, it usually takes
+    it back before the woken thread has even been scheduled. One busy generation
+    can hold the model for hundreds of forward passes in a row while another,
+    already waiting, gets nothing: the point of reading a prompt in chunks (to
+    let other streams take turns) would be lost.
+
+    This lock is a ticket lock: ``acquire`` joins a queue, and ``release`` hands
+    the lock directly to the head of the queue (it never becomes free in
+    between, so nobody can barge in). Threads get the model in the order they
+    asked for it. Use it as ``with lm.lock:``; ``acquire`` takes the same
+    arguments as ``threading.Lock.acquire``. It is not re-entrant.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()  # guards the two fields below, held only for a moment
+        self._held = False
+        self._waiters: deque[threading.Lock] = deque()  # one locked Lock per waiting thread, oldest first
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            if not blocking:
+                return False
+            ticket = threading.Lock()
+            ticket.acquire()
+            self._waiters.append(ticket)
+        # release() unlocks our ticket when the lock is ours: it is handed over held.
+        try:
+            if ticket.acquire(timeout=timeout):
+                return True
+        except BaseException:  # e.g. KeyboardInterrupt: leave the queue, pass on a lock handed to us
+            if not self._withdraw(ticket):
+                self.release()
+            raise
+        # Timed out, unless the lock was handed over just as the wait ended: then it is ours.
+        return not self._withdraw(ticket)
+
+    def _withdraw(self, ticket: threading.Lock) -> bool:
+        """Leave the queue; False when it is too late (the lock was handed to this ticket)."""
+        with self._mutex:
+            try:
+                self._waiters.remove(ticket)
+            except ValueError:
+                return False
+            return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if not self._held:
+                raise RuntimeError("release of an unheld FairLock")
+            if self._waiters:
+                self._waiters.popleft().release()  # still held: now by the oldest waiter
+            else:
+                self._held = False
+
+    def locked(self) -> bool:
+        return self._held
+
+    @property
+    def waiting(self) -> int:
+        """How many threads are queued for the lock (for logs and tests)."""
+        return len(self._waiters)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "held" if self._held else "free"
+        return f"<FairLock {state}, {len(self._waiters)} waiting>"
 
 
 @dataclass
@@ -40,7 +128,9 @@ class LoadedModel:
     """What the rest of streamlab needs: the pair, where it runs, and a lock.
 
     The lock serialises forward passes: several generations may run at once in
-    their own threads, and they take turns one token at a time.
+    their own threads, and they take turns one forward pass at a time (a token,
+    or a chunk of a prompt). It is a :class:`FairLock`, so they take turns in
+    the order they asked.
     """
 
     name: str
@@ -49,7 +139,29 @@ class LoadedModel:
     device: Any
     load_seconds: float
     source: str
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: FairLock = field(default_factory=FairLock, repr=False)
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context window in tokens, or None when it does not say.
+
+        A prompt plus its answer must fit: the server refuses a request that
+        cannot rather than letting the model run past what it was trained on.
+        The config's ``max_position_embeddings`` is the authority (8192 for
+        SmolLM2-135M); a tokenizer's ``model_max_length`` is used only when it
+        is a real limit, not the "unlimited" placeholder many tokenizers carry.
+        """
+        config = getattr(self.model, "config", None)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config()  # multimodal configs keep it on the text part
+        for attr in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        value = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(value, int) and 0 < value <= _SANE_CONTEXT_LIMIT:
+            return value
+        return None
 
     @property
     def eos_token_ids(self) -> set[int]:
