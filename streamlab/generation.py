@@ -78,8 +78,8 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(prompt)["input_ids"]]
+        return list(map(int, ids))
+    return list(map(int, tokenizer(prompt)["input_ids"]))
 
 
 class Generation:

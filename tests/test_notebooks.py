@@ -154,6 +154,8 @@ def test_09_a_stranger_at_the_door(tmp_path):
     # In chunks the short request does not wait for the whole prompt; in one pass it does.
     assert chunked["5-token request: first text after (s)"] < one_pass["5-token request: first text after (s)"]
     assert chunked["other reader's pieces meanwhile"] > one_pass["other reader's pieces meanwhile"]
+    gap = "other reader's longest gap (s)"
+    assert chunked[gap] < one_pass[gap]  # in one pass the streaming reader freezes for the whole prompt
     leaving = {row["server"]: row for row in f["leaving"]}
     assert leaving["in chunks"]["read before stopping"] < leaving["in chunks"]["prompt tokens"]
     assert leaving["one pass"]["read before stopping"] == leaving["one pass"]["prompt tokens"]
