@@ -30,7 +30,8 @@ from .aio import run_sync
 from .detokenizer import Detokenizer, NaiveDetokenizer
 from .sampling import Sampler
 
-from .stops import EOS, ERROR, MAX_TOKENS, STOPPED  # why a generation ended
+from .stop_sequences import StopSequences
+from .stops import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED  # why a generation ended
 
 # Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
 # Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with
@@ -64,21 +65,25 @@ class GenerationResult:
     token_times: list[float] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
+    stop_sequence: str | None = None  # the one that ended it, when stop_reason is "stop_sequence"
 
 
 class InjectedFault(RuntimeError):
     """Raised on purpose by ``fail_after`` so tests can watch a stream fail mid-way."""
 
 
+def chat_template_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation in the model's chat template, ending where the assistant's turn begins."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(map(int, ids))
+
+
 def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int]:
     """Token ids for ``prompt``: wrapped in the model's chat template when it has one."""
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(map(int, ids))
+        return chat_template_ids(tokenizer, [{"role": "user", "content": prompt}])
     return list(map(int, tokenizer(prompt)["input_ids"]))
 
 
@@ -93,6 +98,10 @@ class Generation:
     the keep-alive experiments); ``fail_after`` raises an error after that many
     tokens (for the errors-after-success experiments); ``token_delay`` adds a
     fixed delay per token, standing in for a slower model.
+
+    ``stop_sequences`` end the answer where one of them appears in the text,
+    which is cut just before it (``stop_reason`` ``stop_sequence``, and
+    ``result.stop_sequence`` names it): see :mod:`streamlab.stop_sequences`.
     """
 
     def __init__(
@@ -114,6 +123,7 @@ class Generation:
         token_delay: float = 0.0,
         on_token: Callable[[int], None] | None = None,
         prefill_chunk: int | None = PREFILL_CHUNK,
+        stop_sequences: Sequence[str] = (),
     ) -> None:
         if prefill_chunk is not None and int(prefill_chunk) < 0:
             raise ValueError("prefill_chunk must be a positive number of tokens, or 0/None for one pass")
@@ -133,6 +143,7 @@ class Generation:
         self.token_delay = token_delay
         self.on_token = on_token
         self.prefill_chunk = int(prefill_chunk or 0)
+        self.stops = StopSequences(stop_sequences)
         self.prompt_tokens_read = 0
         self._stop = threading.Event()
         self.stop_source: str | None = None
@@ -264,17 +275,23 @@ class Generation:
                 times.append(now)
                 if self.on_token is not None:
                     self.on_token(self.tokens)
-                text = self.detokenizer.push(token)
+                text = self.stops.feed(self.detokenizer.push(token))
                 if text:
                     texts.append(text)
                     self._hand_over(Piece(text, now, self.tokens))
+                if self.stops.matched is not None:
+                    reason = STOP_SEQUENCE
+                    break
                 pause = self.pauses.get(self.tokens)
                 if pause:
                     self._stop.wait(pause)
         except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
             reason, error = ERROR, f"{type(exc).__name__}: {exc}"
         past = None  # the KV cache can be large: let it go before the result is read
-        tail = self.detokenizer.flush()
+        tail = self.stops.feed(self.detokenizer.flush())
+        if self.stops.matched is not None and reason in (EOS, MAX_TOKENS):
+            reason = STOP_SEQUENCE  # the last characters completed a stop sequence
+        tail += self.stops.flush()
         if tail:
             texts.append(tail)
             self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
@@ -287,6 +304,7 @@ class Generation:
             token_times=times,
             started=started,
             ended=time.perf_counter(),
+            stop_sequence=self.stops.matched,
         )
         self._hand_over(None)
         self._finish()

@@ -3,7 +3,8 @@
 Three layers each know part of the story, and each has its own words:
 
 - the **generation** knows how the text ended: the model emitted
-  end-of-sequence (``eos``), reached ``max_tokens``, was ``stopped``, or
+  end-of-sequence (``eos``), the text reached a stop sequence the client
+  named (``stop_sequence``), it reached ``max_tokens``, was ``stopped``, or
   failed (``error``);
 - the **server** knows *why* it stopped sending, the first sign that came:
   the ``stop_signal`` (EOF on the socket, a WebSocket CLOSE frame, a write that
@@ -21,6 +22,7 @@ EOS = "eos"  # the model emitted end-of-sequence
 MAX_TOKENS = "max_tokens"  # it reached max_tokens (also a stored reason, same word)
 STOPPED = "stopped"  # its stop flag was set (also a stored reason, same word)
 ERROR = "error"  # it raised (also a stored reason, same word)
+STOP_SEQUENCE = "stop_sequence"  # the text reached one of the request's stop sequences
 
 # -- How the server learned that it should stop sending (LogRecord.stop_signal)
 EOF = "eof"  # a read returned b"": the client closed its end
@@ -45,7 +47,8 @@ STOP_REASONS = (COMPLETED, MAX_TOKENS, CLIENT_LEFT, STOPPED, ERROR, INTERRUPTED)
 # Only the model ending by itself makes an answer complete.
 INCOMPLETE_REASONS = frozenset(STOP_REASONS) - {COMPLETED}
 
-_GENERATION_REASONS = {EOS: COMPLETED, MAX_TOKENS: MAX_TOKENS, ERROR: ERROR}
+# A stop sequence ends the answer where the client asked it to end: complete.
+_GENERATION_REASONS = {EOS: COMPLETED, STOP_SEQUENCE: COMPLETED, MAX_TOKENS: MAX_TOKENS, ERROR: ERROR}
 # When the generation says "stopped", the signal says why.
 _SIGNAL_REASONS: dict[str | None, str] = {
     **{signal: CLIENT_LEFT for signal in LEAVING_SIGNALS},  # the transport told us the reader is gone
@@ -63,6 +66,7 @@ def stop_reason_for(generation_stop_reason: str, stop_signal: str | None) -> str
     generation          stop_signal                                       stored
     ==================  ================================================  ===============
     eos                 (any)                                             completed
+    stop_sequence       (any)                                             completed
     max_tokens          (any)                                             max_tokens
     error               (any)                                             error
     stopped             eof, close_frame, write_failed, write_timeout,    client_left

@@ -157,6 +157,48 @@ class Trace:
             self.end = self.chunks[-1][0]
 
 
+def piece_text(data: Any) -> str | None:
+    """The text an event carries, in any of the formats the server speaks; None when it carries none.
+
+    streamlab's ``{"text"}``, OpenAI's ``choices[0].delta.content`` and
+    Anthropic's ``content_block_delta`` with a ``text_delta``.
+    """
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("text"), str):
+        return data["text"]
+    choices = data.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        content = (choices[0].get("delta") or {}).get("content")
+        return content if isinstance(content, str) and content else None
+    delta = data.get("delta")
+    if data.get("type") == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
+        return delta.get("text")
+    return None
+
+
+def whole_text(data: Any) -> str | None:
+    """The text of a whole answer: ours (``text``), OpenAI's (``choices[0].message``), Anthropic's (``content``)."""
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("text"), str):
+        return data["text"]
+    choices = data.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return (choices[0].get("message") or {}).get("content")
+    content = data.get("content")
+    if isinstance(content, list):
+        return "".join(block.get("text", "") for block in content if isinstance(block, dict))
+    return None
+
+
+def _finish_reason(data: Any) -> str | None:
+    if isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"]:
+        choice = data["choices"][0]
+        return choice.get("finish_reason") if isinstance(choice, dict) else None
+    return None
+
+
 def last_id(trace: Trace) -> str | None:
     """The id of the last event in ``trace`` that had one: what a reconnect sends as ``Last-Event-ID``."""
     return next((e.id for e in reversed(trace.events) if e.id is not None), None)
@@ -230,13 +272,21 @@ class ResponseRecorder:
             data = json.loads(event.data)
         except ValueError:
             data = event.data
-        if event.event == "end":
+        text = piece_text(data)
+        if event.event in ("end", "message_delta"):  # ours; Anthropic's (its stop_reason)
             trace.got_event(t, "end", nbytes=nbytes, data=data)
             trace.got_end(t, data)
-        elif event.event == "error":
+        elif event.event == "error" or (isinstance(data, dict) and "error" in data):  # OpenAI's has no name
             trace.got_error(t, data, nbytes)
-        elif isinstance(data, dict) and "text" in data:
-            trace.got_event(t, "text", data["text"], nbytes, data)
+        elif text is not None:
+            trace.got_event(t, "text", text, nbytes, data)
+        elif event.event == "message_stop":
+            trace.complete = True
+            trace.got_event(t, "done", nbytes=nbytes, data=data)
+            trace.end = t
+        elif _finish_reason(data) is not None:  # OpenAI's last chunk: an empty delta and how it ended
+            trace.got_event(t, "end", nbytes=nbytes, data=data)
+            trace.got_end(t, data)
         else:
             trace.got_event(t, event.event, nbytes=nbytes, data=data)
 
@@ -250,8 +300,9 @@ class ResponseRecorder:
             data = json.loads(trace.body) if trace.body else None
         except ValueError:
             data = trace.body
-        if trace.status == 200 and isinstance(data, dict) and "text" in data:
-            trace.got_event(t, "text", data["text"], len(trace.body), data)
+        text = whole_text(data)
+        if trace.status == 200 and text is not None:
+            trace.got_event(t, "text", text, len(trace.body), data)
             trace.got_end(t, data)
             trace.complete = True
         elif trace.status is not None and trace.status >= 400:

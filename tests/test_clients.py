@@ -702,14 +702,10 @@ def test_h11_reports_the_switch_to_websocket(app):
         h.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: a refusal of a HEAD request carries its JSON body (RFC 9110 9.3.2: no content in a"
-    " response to HEAD); h11 reads those bytes after the response as 'Got data when expecting EOF'",
-)
 @pytest.mark.parametrize("target, status", [("/nowhere", 404), ("/stream", 405), ("/ws", 405),
                                             ("/generations/nope/events", 404)])
 def test_h11_refusal_of_a_head_request_has_no_body(app, target, status):
+    """RFC 9110 9.3.2: no content in a response to HEAD, refusals included (h11 reads any as a protocol error)."""
     h = H11(app.port)
     try:
         h.send("HEAD", target)

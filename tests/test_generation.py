@@ -191,7 +191,10 @@ def test_event_loop_keeps_running_while_the_model_computes():
 
     result = run_sync(main())
     assert result.tokens == 4
-    assert max(gaps) < 0.2, "the event loop was blocked by the model"
+    # A blocked loop would miss its tick for the whole of every 0.3 s step; one late
+    # tick is a busy machine, not a blocked loop.
+    blocked = [gap for gap in gaps if gap >= 0.29]
+    assert len(blocked) <= 1, f"the event loop was blocked by the model: gaps {blocked}"
 
 
 # -- chunked prefill -------------------------------------------------------------
@@ -422,3 +425,36 @@ def test_real_model_chunked_prefill_gives_the_same_greedy_answer(real_lm):
         assert gen.prompt_tokens_read == 600 and result.tokens > 0
         answers[chunk] = (gen.token_ids, result.text)
     assert answers[128] == answers[0]
+
+
+# -- stop sequences ------------------------------------------------------------
+
+from streamlab.stop_sequences import StopSequences  # noqa: E402
+
+
+def test_stop_sequence_split_across_pieces_is_held_back_then_cut():
+    stops = StopSequences(["\n\nUser:"])
+    sent = [stops.feed(t) for t in ["Hello", " there.\n", "\nUs", "er: hi"]]
+    assert "".join(sent) == "Hello there."
+    assert sent[1] == " there." and sent[2] == ""  # the newline waited for the next piece
+    assert stops.matched == "\n\nUser:" and stops.feed("more") == "" and stops.flush() == ""
+
+
+def test_text_that_only_looked_like_a_stop_sequence_is_sent_after_all():
+    stops = StopSequences(["STOP"])
+    assert stops.feed("a ST") == "a " and stops.feed("OOL") == "STOOL"
+    assert stops.feed("x S") == "x " and stops.flush() == "S" and stops.matched is None
+
+
+def test_earliest_of_several_stop_sequences_wins():
+    stops = StopSequences(["world", "lo"])
+    assert stops.feed("hello world") == "hel" and stops.matched == "lo"
+
+
+def test_generation_ends_at_a_stop_sequence_without_sending_it():
+    lm = FakeLM("One fish, two fish. Red fish, blue fish.")
+    result = generate_text(lm, "fish", stop_sequences=["Red"], max_tokens=100)
+    assert result.text == "One fish, two fish. " and result.stop_reason == "stop_sequence"
+    assert result.stop_sequence == "Red"
+    untouched = generate_text(lm, "fish", stop_sequences=["purple"], max_tokens=100)
+    assert untouched.text == "One fish, two fish. Red fish, blue fish." and untouched.stop_reason == "eos"

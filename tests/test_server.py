@@ -166,6 +166,7 @@ def test_health(app):
     assert client.get_json_sync(app.port, "/health") == {
         "ok": True,
         "model": "fake",
+        "engine": "local",
         "naive": False,
         "active": 0,
         "max_active": 4,

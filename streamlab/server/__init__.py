@@ -33,14 +33,21 @@ The modules, each one thing:
     responses.py          whole responses, keep-alive, HEAD, static files
     resumable.py          /generations: resources with kept events, grace, --forget
     websocket_session.py  one WebSocket conversation with an explicit state
-    app.py                the route table and thin handlers; serve() and main()
+    formats.py            Format: how an API spells a beginning, a piece, a silence, an end; streamlab's own
+    openai_api.py         OpenAI's Chat Completions (/v1/chat/completions, /v1/models) as a Format
+    anthropic_api.py      Anthropic's Messages (/v1/messages) as a Format
+    engines.py            where tokens come from: the local model, or an OpenAI-compatible upstream
+    upstream.py           one streamed chat completion read from an upstream, stoppable mid-stream
+    app.py                the route table and thin handlers
+    command.py            serve() and main(): python -m streamlab serve [--upstream URL]
 
     python -m streamlab serve --port 8000
 """
 
 from __future__ import annotations
 
-from .app import Route, Server, main, serve
+from .app import Route, Server
+from .command import main, serve
 from .config import ServerConfig, config_from_args, parse_args
 from .connection import ClientConnection, ClientGone, in_background, until_client_leaves
 from .jobs import Job, Jobs, LogRecord, Turn

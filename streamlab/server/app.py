@@ -14,22 +14,23 @@ import asyncio
 import re
 import sys
 import traceback
-from contextlib import redirect_stdout
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable
 
 from .. import websocket as ws
-from ..http import HTTPError, Request, error_response
-from ..stops import ERROR, INCOMPLETE_REASONS
+from ..http import HTTPError, Request
+from ..stops import INCOMPLETE_REASONS
 from ..store import STREAMING, Store
-from . import responses
-from .config import RETRY_AFTER, ServerConfig, config_from_args, parse_args
-from .connection import ClientConnection, ClientGone, serve_until_signalled, until_client_leaves
+from . import anthropic_api, openai_api, responses
+from .config import RETRY_AFTER, RETRY_MS, ServerConfig
+from .connection import ClientConnection, ClientGone, until_client_leaves
+from .engines import engine_for
+from .formats import Format, StreamlabFormat
 from .guards import Guards
 from .jobs import Jobs, LogRecord, title
-from .requests import last_event_id, parse_generation_request
+from .requests import GenerationRequest, last_event_id, parse_generation_request
 from .resumable import Registry
-from .streams import EventStream, job_events
+from .streams import EventStream, format_events
 from .websocket_session import WebSocketSession
 
 Handler = Callable[..., Awaitable[bool]]
@@ -51,15 +52,28 @@ class Route:
         return None if found is None else found.groupdict()
 
 
+def error_format(path: str) -> Any:
+    """The error body a refusal on ``path`` is written in: the API's own under ``/v1/``, else ours."""
+    if path.startswith("/v1/messages"):
+        return anthropic_api.error
+    if path.startswith("/v1/"):
+        return openai_api.error
+    return None
+
+
 class Server:
     """Routes, generations and their log, behind one listening socket."""
 
     def __init__(self, lm: Any, config: ServerConfig | None = None) -> None:
-        self.lm = lm
+        """``lm``: a loaded model (or a fake one), or an engine (``engines.UpstreamEngine`` to relay)."""
+        self.engine = engine_for(lm)
         self.config = config or ServerConfig()
         self.routes = [
             Route("/complete", {"POST": self.complete}),
             Route("/stream", {"POST": self.stream}),
+            Route("/v1/chat/completions", {"POST": self.chat_completions}),
+            Route("/v1/messages", {"POST": self.messages}),
+            Route("/v1/models", {"GET": self.models}),
             Route("/ws", {"GET": self.websocket}),
             Route("/log", {"GET": self.get_log}),
             Route("/log/{id}", {"GET": self.get_log_record}),
@@ -93,7 +107,8 @@ class Server:
             file=sys.stderr,
             flush=True,
         )
-        self.jobs = Jobs(self.lm, self.config, self._store)
+        await self.engine.start()
+        self.jobs = Jobs(self.engine, self.config, self._store)
         self.registry = Registry(self.jobs, self.config)
         self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536)
         self.port = self._listener.sockets[0].getsockname()[1]
@@ -176,17 +191,20 @@ class Server:
 
     async def _dispatch(self, client: ClientConnection, request: Request) -> bool:
         """Check the request at the door, find its handler, run it; refusals become JSON errors."""
+        errors = error_format(request.path)
+        head_only = request.method == "HEAD"
         try:
             handler, params = self._route(request)
             return await handler(client, request, **params)
         except (HTTPError, ws.HandshakeError) as err:
-            await responses.refuse(client, err.status, err.message, getattr(err, "headers", ()))
+            headers = getattr(err, "headers", ())
+            await responses.refuse(client, err.status, err.message, headers, errors, head_only=head_only)
         except (ClientGone, ConnectionError):
             pass
         except Exception:  # noqa: BLE001 - a bug must not take the server down, nor show its insides
             print(f"streamlab: {request.method} {request.target!r} failed:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
-            await responses.refuse(client, 500, "internal server error")
+            await responses.refuse(client, 500, "internal server error", (), errors, head_only=head_only)
         return False
 
     def _route(self, request: Request) -> tuple[Handler, dict[str, str]]:
@@ -214,28 +232,52 @@ class Server:
     # -- generating --------------------------------------------------------------
 
     async def complete(self, client: ClientConnection, request: Request) -> bool:
-        """``POST /complete``: generate it all, then send one JSON body with a Content-Length.
-
-        Nothing is written until the end, so the reader waits for the whole
-        answer, and the only way to notice one who gave up is to watch for EOF.
-        Each piece is stored as it is made: a crash must not lose it all.
-        """
+        """``POST /complete``: generate it all, then send one JSON body with a Content-Length."""
         req = parse_generation_request(await self._body(client, request))
+        return await self._whole(client, request, req, StreamlabFormat())
+
+    async def stream(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /stream``: one Server-Sent Event per piece, as soon as it exists; then ``end`` and ``[DONE]``."""
+        req = parse_generation_request(await self._body(client, request))
+        return await self._stream(client, request, req, StreamlabFormat())
+
+    async def chat_completions(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /v1/chat/completions``: OpenAI's Chat Completions, streamed or whole."""
+        req = openai_api.parse_request(await self._body(client, request))
+        fmt = openai_api.ChatCompletionFormat(self.engine.name, include_usage=req.include_usage)
+        return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
+
+    async def messages(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /v1/messages``: Anthropic's Messages, streamed or whole."""
+        req = anthropic_api.parse_request(await self._body(client, request))
+        fmt = anthropic_api.MessagesFormat(self.engine.name)
+        return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
+
+    async def models(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /v1/models``: the model this server answers with (what the ``openai`` SDK lists)."""
+        return await responses.respond_json(client, request, openai_api.models_body(self.engine.name))
+
+    async def _whole(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
+        """The whole answer in one JSON body, in the route's format; nothing is written until the end.
+
+        So the reader waits for all of it, and the only way to notice one who
+        gave up is to watch for EOF. Each piece is stored as it is made: a
+        crash must not lose it all.
+        """
         jobs = self.jobs
         job = jobs.start(request.path, req)
         try:
             async with jobs.watching(client, job):
                 async for piece in job.generation.pieces():
                     job.answer.append(piece.text, piece.tokens)
-                result = await jobs.finish(job)
+                await jobs.finish(job)
             if job.record.client_left:
                 return False
-            if result.stop_reason == ERROR:
-                await client.send(error_response(500, f"generation failed: {result.error}", job.headers()))
+            status, body = fmt.whole(job)
+            if status >= 500:
+                await responses.refuse(client, status, "", job.headers(), lambda *_: body)
                 return False
-            body = {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason,
-                    "id": job.record.id, **job.ids()}
-            keep_alive = await responses.respond_json(client, request, body, job.headers())
+            keep_alive = await responses.respond_json(client, request, body, job.headers(), status=status)
             job.record.pieces_sent = 1
             return keep_alive
         except ClientGone as gone:
@@ -244,16 +286,15 @@ class Server:
         finally:
             await jobs.finish(job)
 
-    async def stream(self, client: ClientConnection, request: Request) -> bool:
-        """``POST /stream``: one Server-Sent Event per piece, as soon as it exists; then ``end`` and ``[DONE]``."""
-        req = parse_generation_request(await self._body(client, request))
+    async def _stream(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
+        """The one streaming loop of every generating SSE route: the format's events as the pieces come."""
         jobs = self.jobs
         job = jobs.start(request.path, req)
         stream = EventStream(client, request, headers=job.headers(), accel_header=self.config.accel_header)
         try:
             async with jobs.watching(client, job):
                 await stream.open()
-                await stream.pump(job_events(jobs, job, self.config.ping_interval))
+                await stream.pump(format_events(jobs, job, fmt, self.config.ping_interval))
             await stream.close()
         except ClientGone as gone:
             jobs.stop(job, gone.signal)
@@ -313,7 +354,8 @@ class Server:
             try:
                 async with self.jobs.watching(client, job):
                     await stream.open()
-                    await stream.pump(job_events(self.jobs, job, self.config.ping_interval, numbered=True))
+                    fmt = StreamlabFormat(numbered=True, retry_ms=RETRY_MS)
+                    await stream.pump(format_events(self.jobs, job, fmt, self.config.ping_interval))
                 await stream.close()
             except ClientGone as gone:
                 self.jobs.stop(job, gone.signal)
@@ -375,7 +417,7 @@ class Server:
 
     async def health(self, client: ClientConnection, request: Request) -> bool:
         """``GET /health``: up, which model, which mode, how busy."""
-        body = {"ok": True, "model": self.lm.name, "naive": self.config.naive,
+        body = {"ok": True, "model": self.engine.name, "engine": self.engine.kind, "naive": self.config.naive,
                 "active": len(self.jobs.running), "max_active": self.config.max_active}
         return await responses.respond_json(client, request, body)
 
@@ -426,28 +468,3 @@ class Server:
         body, content_type = responses.static_file(*((name,) if folder is None else (folder, name)))
         headers = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff")]
         return await responses.respond(client, request, body, content_type=content_type, headers=headers)
-
-
-# --------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------
-
-
-async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = False) -> int:
-    """Listen until SIGINT, SIGTERM (or stdin EOF); then stop everything and return 0."""
-    server = Server(lm, config)
-    await server.start()
-    await serve_until_signalled(server.url, exit_on_stdin_eof=exit_on_stdin_eof)
-    await server.shutdown()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m streamlab serve``: load the model once, then serve."""
-    from ..model import load_model
-
-    args = parse_args(argv)
-    with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for
-        lm = load_model(args.model)
-    print(f"streamlab: model {lm.name} on {lm.device} (loaded in {lm.load_seconds:.1f} s)", file=sys.stderr, flush=True)
-    return asyncio.run(serve(lm, config_from_args(args), exit_on_stdin_eof=args.exit_on_stdin_eof))

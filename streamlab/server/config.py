@@ -84,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--port", type=int, default=8000, help="0 picks a free port")
     add("--model", default=None, help="Hugging Face id or folder (default: STREAMLAB_MODEL or the embedded model)")
     add("--naive", action="store_true", help="never watch for departed clients")
+    add("--upstream", default=None, metavar="URL",
+        help="relay to this OpenAI-compatible server (vLLM, llama.cpp, Ollama, streamlab) instead of loading a model;"
+        " its API key, if it needs one, from $STREAMLAB_UPSTREAM_KEY")
+    add("--upstream-model", default=None, metavar="NAME", help="the upstream's model name (default: the first it lists)")
     add("--ping-interval", type=float, default=15.0, help="keep-alive after this many silent seconds (0: off)")
     add("--write-timeout", type=float, default=30.0, help="give up on a write after this many seconds (0: never)")
     add("--no-accel-header", action="store_true", help="omit 'X-Accel-Buffering: no'")

@@ -18,7 +18,7 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..generation import Generation, GenerationResult, Piece, encode_prompt
+from ..generation import Generation, GenerationResult, Piece
 from ..http import HTTPError
 from ..stops import (
     CLIENT_LEFT,
@@ -95,12 +95,15 @@ class Turn:
     """The user's side of one exchange, committed before anything is generated.
 
     ``prompt_ids`` is what the model reads: the prompt alone, or the whole
-    conversation in the chat template when the request continued one.
+    conversation in the chat template when the request continued one or sent
+    a transcript (the OpenAI and Anthropic routes). An upstream engine counts
+    the prompt itself: then ``prompt_ids`` is empty.
     """
 
     conversation_id: str
     user_message_id: str
     prompt_ids: list[int]
+    messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream engine is sent)
 
 
 @dataclass(eq=False)
@@ -153,8 +156,8 @@ def title(prompt: str) -> str:
 class Jobs:
     """Every generation the server runs, its log, and the admission limit."""
 
-    def __init__(self, lm: Any, config: ServerConfig, store: Store) -> None:
-        self.lm = lm
+    def __init__(self, engine: Any, config: ServerConfig, store: Store) -> None:
+        self.engine = engine  # engines.LocalEngine or engines.UpstreamEngine
         self.config = config
         self.store = store
         self.running: set[Job] = set()
@@ -183,31 +186,16 @@ class Jobs:
         store = self.store
         if req.conversation_id is not None and store.conversation(req.conversation_id) is None:
             raise HTTPError(404, f"no conversation {req.conversation_id!r}")
-        prompt_ids = None
         if req.conversation_id is not None and req.chat:
-            history = store.as_chat_messages(req.conversation_id) + [{"role": "user", "content": req.prompt}]
-            prompt_ids = self.chat_ids(history)
-        if prompt_ids is None:
-            prompt_ids = encode_prompt(self.lm.tokenizer, req.prompt, chat=req.chat)
-        check_context(len(prompt_ids), req.max_tokens, getattr(self.lm, "context_length", None))
+            messages = (*store.as_chat_messages(req.conversation_id), {"role": "user", "content": req.prompt})
+        else:
+            messages = req.messages or ({"role": "user", "content": req.prompt},)
+        prompt_ids = self.engine.prompt_ids(messages, chat=req.chat)
+        if prompt_ids:
+            check_context(len(prompt_ids), req.max_tokens, self.engine.context_length)
         conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
         user = store.add_user_message(conversation_id, req.prompt)
-        return Turn(conversation_id, user.id, prompt_ids)
-
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int] | None:
-        """The conversation in the model's chat template; None when it has none.
-
-        ``as_chat_messages`` marks every incomplete answer as cut off, and
-        why: fed back unmarked, a truncated answer reads to the model as
-        everything it meant to say.
-        """
-        tokenizer = self.lm.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            return None
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return Turn(conversation_id, user.id, prompt_ids, tuple(messages))
 
     # -- a job's life -----------------------------------------------------------
 
@@ -232,20 +220,7 @@ class Jobs:
             generation_id=generation_id,
             prompt_tokens=len(turn.prompt_ids),
         )
-        generation = Generation(
-            self.lm,
-            prompt_ids=turn.prompt_ids,
-            max_tokens=req.max_tokens,
-            seed=req.seed,
-            ignore_eos=req.ignore_eos,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            pauses=config.pauses,
-            fail_after=config.fail_after,
-            token_delay=config.token_delay,
-            prefill_chunk=config.prefill_chunk,
-            on_token=record.count_tokens,
-        )
+        generation = self.engine.generation(req, turn.prompt_ids, turn.messages, config, record.count_tokens)
         answer = self.store.begin_answer(turn.conversation_id)
         record.message_id = answer.message_id
         self.log[record.id] = record
@@ -287,6 +262,7 @@ class Jobs:
         result = await job.generation.wait()
         record = job.record
         record.tokens = result.tokens
+        record.prompt_tokens = record.prompt_tokens or result.prompt_tokens  # an upstream counts it
         record.prompt_tokens_read = job.generation.prompt_tokens_read
         record.stop_reason = result.stop_reason
         record.error = result.error

@@ -32,6 +32,12 @@ class GenerationRequest:
     top_p: float = 0.9
     keep_open: bool = False  # /ws only: after "done", wait for another request instead of closing
     conversation_id: str | None = None  # continue this conversation (None: start a new one)
+    # The OpenAI and Anthropic routes send a whole transcript; ``prompt`` is then its last user message.
+    messages: tuple[dict[str, str], ...] | None = None
+    stop: tuple[str, ...] = ()  # stop sequences
+    stream: bool = True  # the /v1 routes answer whole when false
+    include_usage: bool = False  # OpenAI's stream_options.include_usage
+    model: str | None = None  # the model the client named (echoed back; we serve the one we have)
 
 
 def bad(message: str) -> HTTPError:
@@ -85,7 +91,7 @@ def load_json(body: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise bad(f"the body is not valid JSON: {exc}") from None
 
 
-def _integer(obj: dict, name: str, default: int, low: int, high: int) -> int:
+def integer_field(obj: dict, name: str, default: int, low: int, high: int) -> int:
     value = obj.get(name, default)
     # bool is a subclass of int in Python, but `true` is not a number in JSON.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -95,7 +101,7 @@ def _integer(obj: dict, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def _number(obj: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+def number_field(obj: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
     value = obj.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise bad(f"{name} must be a number, got {type(value).__name__}")
@@ -105,27 +111,84 @@ def _number(obj: dict, name: str, default: float, low: float, high: float, *, lo
     return float(value)
 
 
-def _boolean(obj: dict, name: str, default: bool) -> bool:
+def boolean_field(obj: dict, name: str, default: bool) -> bool:
     value = obj.get(name, default)
     if not isinstance(value, bool):
         raise bad(f"{name} must be true or false, got {type(value).__name__}")
     return value
 
 
+def text_field(value: Any, name: str, *, empty: bool = False) -> str:
+    """A string of real Unicode (non-empty unless ``empty``); lengths are checked later, in tokens."""
+    if value is None:
+        raise bad(f"{name} is required")
+    if not isinstance(value, str):
+        raise bad(f"{name} must be a string, got {type(value).__name__}")
+    if not value and not empty:
+        raise bad(f"{name} must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may spell a lone surrogate: "\ud800"
+        raise bad(f"{name} contains a lone surrogate, which is not Unicode text") from None
+    return value
+
+
 def _prompt(obj: dict) -> str:
     """A non-empty string of real Unicode; its length is checked later, in tokens (see ``check_context``)."""
-    prompt = obj.get("prompt")
-    if prompt is None:
-        raise bad("prompt is required")
-    if not isinstance(prompt, str):
-        raise bad(f"prompt must be a string, got {type(prompt).__name__}")
-    if not prompt:
-        raise bad("prompt must not be empty")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # JSON may spell a lone surrogate: "\ud800"
-        raise bad("prompt contains a lone surrogate, which is not Unicode text") from None
-    return prompt
+    return text_field(obj.get("prompt"), "prompt")
+
+
+MAX_STOP_SEQUENCES = 16
+
+
+def stop_field(value: Any, name: str, *, most: int = MAX_STOP_SEQUENCES) -> tuple[str, ...]:
+    """Stop sequences: absent, one string, or a list of at most ``most`` non-empty strings."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > most:
+        raise bad(f"{name} must be a string or a list of at most {most} strings")
+    return tuple(text_field(item, f"{name}[{i}]") for i, item in enumerate(items))
+
+
+def content_text(content: Any, name: str) -> str:
+    """A message's content: a string, or a list of text parts (``{"type": "text", "text": ...}``) joined."""
+    if isinstance(content, str):
+        return text_field(content, name, empty=True)
+    if not isinstance(content, list):
+        raise bad(f"{name} must be a string or a list of text parts")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise bad(f"{name}[{i}] is a {kind!r} part: this server reads text only")
+        texts.append(text_field(part.get("text"), f"{name}[{i}].text", empty=True))
+    return "".join(texts)
+
+
+def transcript(messages: Any, roles: dict[str, str], name: str = "messages") -> tuple[dict[str, str], ...]:
+    """A conversation sent whole, as ``{"role", "content"}`` dicts; ``roles`` maps the API's names to ours.
+
+    It must hold at least one user message: the last one is what the turn stores.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise bad(f"{name} must be a non-empty list of messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad(f"{name}[{i}] must be an object")
+        role = message.get("role")
+        if role not in roles:
+            raise bad(f"{name}[{i}].role must be one of {', '.join(sorted(roles))}, got {role!r}")
+        out.append({"role": roles[role], "content": content_text(message.get("content"), f"{name}[{i}].content")})
+    if not any(m["role"] == "user" for m in out):
+        raise bad(f"{name} must hold at least one user message")
+    return tuple(out)
+
+
+def last_user_text(messages: tuple[dict[str, str], ...]) -> str:
+    """What the turn stores as the user's message: the last user message of a transcript."""
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
 
 
 def _conversation_id(obj: dict) -> str | None:
@@ -147,14 +210,15 @@ def parse_generation_request(body: bytes | str) -> GenerationRequest:
         raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
     return GenerationRequest(
         prompt=_prompt(obj),
-        max_tokens=_integer(obj, "max_tokens", 100, 1, 4096),
-        seed=_integer(obj, "seed", 0, 0, 2**63 - 1),
-        chat=_boolean(obj, "chat", True),
-        ignore_eos=_boolean(obj, "ignore_eos", False),
-        temperature=_number(obj, "temperature", 0.7, 0.0, 2.0),
-        top_p=_number(obj, "top_p", 0.9, 0.0, 1.0, low_open=True),
-        keep_open=_boolean(obj, "keep_open", False),
+        max_tokens=integer_field(obj, "max_tokens", 100, 1, 4096),
+        seed=integer_field(obj, "seed", 0, 0, 2**63 - 1),
+        chat=boolean_field(obj, "chat", True),
+        ignore_eos=boolean_field(obj, "ignore_eos", False),
+        temperature=number_field(obj, "temperature", 0.7, 0.0, 2.0),
+        top_p=number_field(obj, "top_p", 0.9, 0.0, 1.0, low_open=True),
+        keep_open=boolean_field(obj, "keep_open", False),
         conversation_id=_conversation_id(obj),
+        stop=stop_field(obj.get("stop"), "stop"),
     )
 
 

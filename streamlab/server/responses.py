@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from ..http import HTTPError, Request, error_response, response_head
+from ..http import HTTPError, Request, error_response, json_response, response_head
 from .connection import ClientConnection, ClientGone
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -65,11 +65,26 @@ async def respond_json(
     return await respond(client, request, body, status=status, headers=headers)
 
 
-async def refuse(client: ClientConnection, status: int, message: str, headers: Any = ()) -> None:
-    """A JSON error, then a lingering close; once a response has started, an error can only cut it."""
+ErrorBody = Callable[[int, str], Any]
+
+
+async def refuse(client: ClientConnection, status: int, message: str, headers: Any = (),
+                 error_body: ErrorBody | None = None, *, head_only: bool = False) -> None:
+    """A JSON error, then a lingering close; once a response has started, an error can only cut it.
+
+    ``error_body`` writes the body in the route's API (OpenAI's and Anthropic's
+    SDKs read their own shapes); streamlab's own is the default. The answer
+    to a ``HEAD`` (``head_only``) is the same head with no body.
+    """
     if not client.responding:
+        if error_body is None:
+            response = error_response(status, message, headers)
+        else:
+            response = json_response(status, error_body(status, message), [("Connection", "close"), *headers])
+        if head_only:
+            response = response[: response.index(b"\r\n\r\n") + 4]
         try:
-            await client.send(error_response(status, message, headers))
+            await client.send(response)
         except ClientGone:
             pass
     await client.linger_and_close()

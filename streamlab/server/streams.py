@@ -6,7 +6,8 @@ at close for HTTP/1.0, which nginx speaks to its upstreams by default), the
 events, the ``: ping`` comments in the silences, the end of the body, and
 whether the connection outlives it: all here, once. Routes differ only in
 the *source* of events they plug in (a live generation, a kept list of
-numbered events) and in the wire format of each event.
+numbered events) and in the wire format of each event (a ``Format``: see
+``formats.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import json
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import sse
 from ..http import LAST_CHUNK, Request, encode_chunk, response_head
-from .config import RETRY_MS
 from .connection import ClientConnection
 from .jobs import Job, Jobs, delivered
+
+if TYPE_CHECKING:
+    from .formats import Format
 
 
 def dumps(obj: Any) -> str:
@@ -109,27 +112,16 @@ class EventStream:
             await self.client.send(LAST_CHUNK)
 
 
-async def job_events(jobs: Jobs, job: Job, ping_interval: float, *, numbered: bool = False) -> AsyncIterator[Event | None]:
-    """A live generation in streamlab's own format: ``{"text"}`` per piece, then ``end`` (or ``error``).
+async def format_events(jobs: Jobs, job: Job, fmt: Format, ping_interval: float) -> AsyncIterator[Event | None]:
+    """A live generation in one API's format: its opening, a piece per piece, its ending.
 
-    ``/stream`` adds ``data: [DONE]`` after ``end``, as OpenAI's streams do, and
-    never after ``error``: a client must not mistake a failed answer for a
-    complete one. ``numbered`` gives each event an ``id:`` (and the first a
-    ``retry:``) as the resumable ``/generations`` streams have.
+    ``None`` is a silence for ``EventStream.pump`` to fill with a ping; a
+    format with a ping event of its own (Anthropic's) sends that instead.
     """
-    number = 0
-
-    def event(data: Any, name: str = "message") -> Event:
-        nonlocal number
-        number += 1
-        if not numbered:
-            return Event(data, name)
-        return Event(data, name, id=number, retry=RETRY_MS if number == 1 else None)
-
+    for event in fmt.opening(job):
+        yield event
     async for piece in delivered(job, ping_interval):
-        yield None if piece is None else event({"text": piece.text})
+        yield fmt.silence() if piece is None else fmt.piece(piece.text)
     await jobs.finish(job)
-    name, data = job.ending()
-    yield event(data, name)
-    if name == "end" and not numbered:
-        yield Event(sse.DONE)
+    for event in fmt.ending(job):
+        yield event

@@ -1,0 +1,91 @@
+"""How each API spells an answer: one ``Format`` per wire format, plugged into the one streaming path.
+
+Every generating route runs the same machinery (admission, the user's turn,
+the generation, the disconnect watch, the stored answer, ``/log``) and the
+same loop (``streams.format_events`` for a stream, ``app.Server._whole`` for
+a whole answer). What differs between streamlab's own events, OpenAI's
+``chat.completion.chunk`` and Anthropic's Messages events is only how a
+beginning, a piece, a silence, an ending and an error are written. That is a
+``Format``; this module holds the base and streamlab's own. The others are
+in ``openai_api.py`` and ``anthropic_api.py``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import sse
+from ..stops import ERROR
+from .jobs import error_body
+from .streams import Event
+
+if TYPE_CHECKING:
+    from .jobs import Job
+
+
+class Format:
+    """The hooks an API fills in; a new object for every response (it may count what it sent)."""
+
+    def opening(self, job: Job) -> list[Event]:
+        """Events before the first piece (a role, a message header)."""
+        return []
+
+    def piece(self, text: str) -> Event:
+        raise NotImplementedError
+
+    def silence(self) -> Event | None:
+        """What a silence sends: None for an SSE comment (``: ping``), or an event of the API's own."""
+        return None
+
+    def ending(self, job: Job) -> list[Event]:
+        """The events after the last piece: how it ended, or an error that no client can take for an end."""
+        raise NotImplementedError
+
+    def whole(self, job: Job) -> tuple[int, Any]:
+        """The answer as one JSON body, for a client that did not ask for a stream: ``(status, body)``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def error(status: int, message: str) -> Any:
+        """The JSON body of a refusal on this API's routes."""
+        return error_body(status, message)
+
+
+class StreamlabFormat(Format):
+    """streamlab's own events: ``{"text"}`` per piece, then ``end`` (or ``error``).
+
+    ``/stream`` adds ``data: [DONE]`` after ``end``, as OpenAI's streams do, and
+    never after ``error``: a client must not mistake a failed answer for a
+    complete one. ``numbered`` gives each event an ``id:`` (and the first a
+    ``retry:``) as the resumable ``/generations`` streams have.
+    """
+
+    def __init__(self, *, numbered: bool = False, retry_ms: int | None = None) -> None:
+        self.numbered = numbered
+        self.retry_ms = retry_ms
+        self.number = 0
+
+    def _event(self, data: Any, name: str = "message") -> Event:
+        if not self.numbered:
+            return Event(data, name)
+        self.number += 1
+        return Event(data, name, id=self.number, retry=self.retry_ms if self.number == 1 else None)
+
+    def piece(self, text: str) -> Event:
+        return self._event({"text": text})
+
+    def ending(self, job: Job) -> list[Event]:
+        name, data = job.ending()
+        events = [self._event(data, name)]
+        if name == "end" and not self.numbered:
+            events.append(Event(sse.DONE))
+        return events
+
+    def whole(self, job: Job) -> tuple[int, Any]:
+        result = job.generation.result
+        assert result is not None
+        if result.stop_reason == ERROR:
+            return 500, {**error_body(500, f"generation failed: {result.error}"), "id": job.record.id, **job.ids()}
+        body = {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason,
+                "id": job.record.id, **job.ids()}
+        return 200, body
