@@ -239,3 +239,50 @@ def test_sdks_join_to_the_same_text_as_complete_for_the_same_seed(server):
             model="any", max_tokens=16, messages=ask(prompt), extra_body=SAMPLING) as stream:
         anthropic_text = "".join(stream.text_stream)
     assert whole.text and openai_text == whole.text == anthropic_text
+
+
+# -- the /v1 routes read by httpx-sse and parsed strictly by h11 ------------------
+
+
+V1_STREAMS = {
+    "/v1/chat/completions": {"messages": ask(), "max_tokens": 8, "stream": True},
+    "/v1/messages": {"messages": ask(), "max_tokens": 8, "stream": True},
+}
+
+
+def test_httpx_sse_pooled_client_reads_each_v1_stream_then_reuses_the_connection(app):
+    from httpx_sse import connect_sse
+
+    with httpx.Client(base_url=app.url, timeout=10) as pooled:
+        for _ in range(5):
+            for path, body in V1_STREAMS.items():
+                with connect_sse(pooled, "POST", path, json=body) as source:
+                    events = list(source.iter_sse())
+                last = events[-1]
+                assert (last.data == "[DONE]") if path.endswith("completions") else (last.event == "message_stop")
+                assert pooled.get("/health").json()["ok"]
+
+
+@pytest.mark.parametrize("path, body, status", [
+    *((path, body, 200) for path, body in V1_STREAMS.items()),
+    ("/v1/chat/completions", {"messages": ask(), "max_tokens": 4}, 200),
+    ("/v1/messages", {"messages": ask(), "max_tokens": 4}, 200),
+    ("/v1/chat/completions", {"messages": []}, 400),
+    ("/v1/messages", {"messages": ask()}, 400),
+])
+def test_h11_finds_no_protocol_error_in_v1_responses(app, path, body, status):
+    from test_clients import H11
+
+    h = H11(app.port)
+    try:
+        h.send("POST", path, [("Content-Type", "application/json")], json.dumps(body).encode())
+        response, headers, data = h.response()
+        assert response.status_code == status and data
+        if status == 200:
+            assert h.after() == "keep-alive"
+            h.send("GET", "/v1/models")
+            assert h.response()[0].status_code == 200
+        else:
+            assert h.after() == "closed"
+    finally:
+        h.close()
