@@ -87,7 +87,50 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int
     return list(map(int, tokenizer(prompt)["input_ids"]))
 
 
-class Generation:
+class PieceSource:
+    """What a server reads from anything that makes an answer: ``pieces()`` as they come, ``wait()`` for the end.
+
+    A subclass puts each ``Piece`` on ``self._queue`` (in the event loop),
+    then ``None``, sets ``self.result`` and then ``self.done``. Both
+    :class:`Generation` (a model in a thread) and the relay's
+    ``UpstreamGeneration`` (an HTTP stream from another server) are one.
+    """
+
+    _queue: asyncio.Queue | None = None
+    done: asyncio.Event | None = None
+    result: GenerationResult | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceSource":
+        raise NotImplementedError
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Yield each piece as it is made; ``self.result`` is set at the end."""
+        self.start()
+        assert self._queue is not None
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                self._queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
+                return
+            yield item
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self.pieces()
+
+    async def wait(self) -> GenerationResult:
+        """Wait for the end (whether or not anyone reads the pieces)."""
+        self.start()
+        assert self.done is not None
+        await self.done.wait()
+        self._after_end()
+        assert self.result is not None
+        return self.result
+
+    def _after_end(self) -> None:
+        """Called once the end is known, before the result is returned (a thread is joined here)."""
+
+
+class Generation(PieceSource):
     """One answer being generated: start it, iterate its pieces, stop it.
 
     ``prefill_chunk`` is how many prompt tokens go through the model per
@@ -176,27 +219,9 @@ class Generation:
         self._thread.start()
         return self
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """Yield each piece as the thread makes it; ``self.result`` is set at the end."""
-        self.start()
-        assert self._queue is not None
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            yield item
-
-    def __aiter__(self) -> AsyncIterator[Piece]:
-        return self.pieces()
-
-    async def wait(self) -> GenerationResult:
-        """Wait for the thread to finish (whether or not anyone reads the pieces)."""
-        self.start()
-        assert self.done is not None
-        await self.done.wait()
-        assert self._thread is not None and self.result is not None
+    def _after_end(self) -> None:
+        assert self._thread is not None
         self._thread.join()  # it has handed everything over and is returning
-        return self.result
 
     # -- the thread ----------------------------------------------------------
     def _hand_over(self, item: Piece | None) -> None:

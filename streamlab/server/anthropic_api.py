@@ -69,16 +69,6 @@ def error(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _failure(job: Job) -> str | None:
-    result = job.generation.result
-    assert result is not None
-    if result.stop_reason in STOP_REASONS:
-        return None
-    if result.error:
-        return f"generation failed: {result.error}"
-    return f"generation stopped before the end ({job.record.stored_reason}): the answer is incomplete"
-
-
 class MessagesFormat(Format):
     """The Messages event protocol for one answer, with one text content block."""
 
@@ -105,7 +95,7 @@ class MessagesFormat(Format):
         return Event({"type": "ping"}, "ping")
 
     def ending(self, job: Job) -> list[Event]:
-        failure = _failure(job)
+        failure = self.failure(job, STOP_REASONS)
         if failure is not None:
             return [Event(error(500, failure), "error")]
         result = job.generation.result
@@ -116,7 +106,7 @@ class MessagesFormat(Format):
                 Event(delta, "message_delta"), Event({"type": "message_stop"}, "message_stop")]
 
     def whole(self, job: Job) -> tuple[int, Any]:
-        failure = _failure(job)
+        failure = self.failure(job, STOP_REASONS)
         if failure is not None:
             return 500, error(500, failure)
         result = job.generation.result

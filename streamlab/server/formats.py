@@ -12,7 +12,7 @@ in ``openai_api.py`` and ``anthropic_api.py``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import sse
 from ..stops import ERROR
@@ -49,6 +49,22 @@ class Format:
     def error(status: int, message: str) -> Any:
         """The JSON body of a refusal on this API's routes."""
         return error_body(status, message)
+
+    @staticmethod
+    def failure(job: Job, endings: Iterable[str]) -> str | None:
+        """Why the answer is not whole, or None when it ended in one of the API's ``endings``.
+
+        An API that can only say "it ended" (OpenAI's ``finish_reason``,
+        Anthropic's ``stop_reason``) must not say it of an answer that failed
+        or was stopped: that one ends with an error the SDK raises.
+        """
+        result = job.generation.result
+        assert result is not None
+        if result.stop_reason in endings:
+            return None
+        if result.error:
+            return f"generation failed: {result.error}"
+        return f"generation stopped before the end ({job.record.stored_reason}): the answer is incomplete"
 
 
 class StreamlabFormat(Format):

@@ -91,17 +91,6 @@ def usage(job: Job) -> dict:
             "total_tokens": record.prompt_tokens + record.tokens}
 
 
-def _failure(job: Job) -> str | None:
-    """Why the answer is not whole (failed or stopped), or None when it ended as the model or the limit said."""
-    result = job.generation.result
-    assert result is not None
-    if result.stop_reason in FINISH_REASONS:
-        return None
-    if result.error:
-        return f"generation failed: {result.error}"
-    return f"generation stopped before the end ({job.record.stored_reason}): the answer is incomplete"
-
-
 class ChatCompletionFormat(Format):
     """``chat.completion.chunk`` events, every one carrying the same id, time and model."""
 
@@ -126,7 +115,7 @@ class ChatCompletionFormat(Format):
         return self._chunk({"content": text})
 
     def ending(self, job: Job) -> list[Event]:
-        failure = _failure(job)
+        failure = self.failure(job, FINISH_REASONS)
         if failure is not None:
             return [Event(error(500, failure))]
         events = [self._chunk({}, FINISH_REASONS[job.generation.result.stop_reason])]
@@ -138,7 +127,7 @@ class ChatCompletionFormat(Format):
         return events
 
     def whole(self, job: Job) -> tuple[int, Any]:
-        failure = _failure(job)
+        failure = self.failure(job, FINISH_REASONS)
         if failure is not None:
             return 500, error(500, failure)
         result = job.generation.result

@@ -20,11 +20,11 @@ import json
 import ssl
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from .. import stops
-from ..generation import GenerationResult, Piece
+from ..generation import GenerationResult, Piece, PieceSource
 from ..http import BodyReader, HTTPError, IncompleteBody, ResponseHeadParser
 from ..http_fields import list_tokens
 from ..sse import DONE, EventStreamParser, ProtocolError
@@ -74,7 +74,7 @@ def _error_message(data: bytes | str) -> str:
     return text.strip()[:500]
 
 
-class UpstreamGeneration:
+class UpstreamGeneration(PieceSource):
     """One answer streamed from an OpenAI-compatible server, with ``Generation``'s interface.
 
     Besides it: ``finish_reason`` (the upstream's raw value), ``upstream_status``
@@ -158,28 +158,6 @@ class UpstreamGeneration:
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """Yield each piece as it arrives; ``self.result`` is set at the end."""
-        self.start()
-        assert self._queue is not None
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                self._queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
-                return
-            yield item
-
-    def __aiter__(self) -> AsyncIterator[Piece]:
-        return self.pieces()
-
-    async def wait(self) -> GenerationResult:
-        """Wait for the end (whether or not anyone reads the pieces)."""
-        self.start()
-        assert self.done is not None
-        await self.done.wait()
-        assert self.result is not None
-        return self.result
 
     def _abort(self) -> None:
         assert self._stop_event is not None
