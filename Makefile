@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.streamlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lab info system-deps clean exercises
+.PHONY: run test lab info system-deps clean exercises engine
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 
 system-deps:
 	@bash scripts/system-deps.sh
+
+# llama.cpp's OpenAI-compatible server in .venv-engine, for the relay (compiles llama.cpp: slow once).
+engine:
+	@PYTHON=$(PYTHON) bash scripts/engine.sh
 
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks
