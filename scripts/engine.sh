@@ -30,11 +30,13 @@ then
 fi
 
 # Build tools: a C and C++ compiler (build-essential), cmake >= 3.21 (scikit-build-core
-# would otherwise fetch cmake and ninja from PyPI), and python3-venv for the venv itself.
+# would otherwise fetch cmake and ninja from PyPI), and Debian's python3-venv when this
+# python3 cannot make a venv (Debian's own python3 lacks ensurepip without it).
 need=()
-for pkg in build-essential cmake python3-venv; do
+for pkg in build-essential cmake; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
+[ -x "$VENV/bin/python" ] || "$PYTHON" -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     sudo=()
