@@ -143,3 +143,89 @@ def first_text_by_readers(rows: Sequence[Mapping[str, Any]], *, idle: float | No
     ax.legend(fontsize=8)
     ax.set_title(title)
     return ax
+
+
+def format_costs(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
+                 title: str = "The same answer, three formats: bytes on the wire") -> Any:
+    """Per format, a bar of the bytes on the wire split into the text itself and everything around it."""
+    ax = _axes(ax, (8, 0.9 + 0.6 * len(rows)))
+    labels = [r["format"] for r in rows][::-1]
+    text = [r["text bytes"] for r in rows][::-1]
+    framing = [r["bytes on the wire"] - r["text bytes"] for r in rows][::-1]
+    ax.barh(labels, text, color=COLORS[2], label="text")
+    ax.barh(labels, framing, left=text, color="#bbbbbb", label="framing: JSON, event names, ids, chunk sizes, head")
+    for y, r in enumerate(rows[::-1]):
+        ax.annotate(f"  {r['bytes on the wire']:,} bytes, {r['bytes per text byte']}x the text",
+                    (r["bytes on the wire"], y), va="center", fontsize=9)
+    ax.set_xlim(0, max(r["bytes on the wire"] for r in rows) * 1.6)
+    ax.set_xlabel("bytes received for one answer")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title)
+    return ax
+
+
+def first_text_raw_vs_library(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
+                              title: str = "Time to the first text: raw socket vs the format's own client") -> Any:
+    """Per format, paired bars: first text on a raw socket, and first text the client library handed over."""
+    ax = _axes(ax, (8, 3.2))
+    xs = range(len(rows))
+    raw = [(r["first text (s)"] or 0) * 1000 for r in rows]
+    lib = [(r["library: first text (s)"] or 0) * 1000 for r in rows]
+    ax.bar([x - 0.2 for x in xs], raw, width=0.4, color=COLORS[0], label="raw socket (streamlab.client)")
+    ax.bar([x + 0.2 for x in xs], lib, width=0.4, color=COLORS[1], label="client library")
+    for x, a, b in zip(xs, raw, lib):
+        ax.annotate(f"{a:.0f}", (x - 0.2, a), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{b:.0f}", (x + 0.2, b), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['format']}\n({r['client library']})" for r in rows], fontsize=9)
+    ax.set_ylabel("first text (ms)")
+    ax.set_ylim(0, max([*raw, *lib, 1]) * 1.35)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.set_title(title)
+    return ax
+
+
+def truncated_reads(rows: Sequence[Mapping[str, Any]], *, whole_chars: int | None = None, ax: Any = None,
+                    title: str = "A stream cut cleanly: what each reader got, and whether it was told") -> Any:
+    """One bar per reader: the characters it handed over, red when nothing said the answer was cut."""
+    ax = _axes(ax, (9, 0.9 + 0.4 * len(rows)))
+    labels = [f"{r['reader']}  [{r['format']}]" + ("  behind a relay" if "relay" in r.get("path", "") else "")
+              for r in rows][::-1]
+    values = [r["text received (chars)"] for r in rows][::-1]
+    told = [r["the reader said it was cut"] for r in rows][::-1]
+    ax.barh(range(len(rows)), values, color=[COLORS[2] if t else COLORS[3] for t in told])
+    for y, (v, t) in enumerate(zip(values, told)):
+        ax.annotate(f" {v} chars, {'told: cut' if t else 'silent'}", (v, y), va="center", fontsize=8)
+    if whole_chars:
+        ax.axvline(whole_chars, color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"the whole answer: {whole_chars} chars", (whole_chars, len(rows) - 0.5), ha="right",
+                    va="bottom", fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlim(0, max([*values, whole_chars or 0]) * 1.35)
+    ax.set_xlabel("characters handed to the program (red: no exception, no flag; green: the reader said it was cut)")
+    ax.set_title(title)
+    return ax
+
+
+def upstream_after_leaving(rows: Sequence[Mapping[str, Any]], *, leave_after: int, ax: Any = None,
+                           title: str = "Tokens the upstream generated for a client who left") -> Any:
+    """One bar per path: tokens generated upstream, against what the client read and what it asked for."""
+    ax = _axes(ax, (8, 3.5))
+    labels = [r["path"] for r in rows]
+    values = [r["upstream generated"] or 0 for r in rows]
+    asked = max(r["asked for"] for r in rows)
+    colors = [COLORS[3] if v > leave_after + 2 else COLORS[2] for v in values]
+    ax.bar(range(len(rows)), values, color=colors)
+    for x, v in enumerate(values):
+        ax.annotate(str(v), (x, v), ha="center", va="bottom", fontsize=9)
+    ax.axhline(leave_after, color="black", linestyle="--", linewidth=1,
+               label=f"the client read {leave_after} pieces and left")
+    ax.axhline(asked, color="grey", linestyle=":", linewidth=1, label=f"it asked for {asked}")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, rotation=10, fontsize=9)
+    ax.set_ylim(0, asked * 1.3)
+    ax.set_ylabel("tokens generated upstream")
+    ax.set_title(title)
+    return ax

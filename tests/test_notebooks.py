@@ -24,6 +24,7 @@ QUICK: dict[str, dict] = {
     "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "max_connections": 3, "es_tokens": 6},
     "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8],
                                   "answer_tokens": 4, "slow_connections": 5, "head_timeout": 1.0},
+    "10_the_formats_people_actually_use": {"max_tokens": 16, "cut_after": 4, "relay_tokens": 30, "leave_after": 10},
 }
 
 
@@ -166,3 +167,31 @@ def test_09_a_stranger_at_the_door(tmp_path):
     assert all(r["status"] == 200 for r in unlimited)
     if f["cross_site"] is not None:  # Chromium present: nothing the hostile page sent was generated or stored
         assert f["cross_site_generated"] == 0 and f["cross_site_stored"] == 0
+
+
+def test_10_the_formats_people_actually_use(tmp_path):
+    f = run_chapter("10_the_formats_people_actually_use", tmp_path)
+    assert f["same_text"] is True and f["text"]
+    formats = {r["format"]: r for r in f["formats"]}
+    assert all(r["terminator seen"] and r["ended with"] for r in f["formats"])
+    assert all(r["library raised"] is None and r["library: stop reason"] for r in f["formats"])
+    ratio = "bytes per text byte"
+    assert formats["streamlab SSE"][ratio] < formats["Anthropic events"][ratio] < formats["OpenAI chunks"][ratio]
+    # A stream ended cleanly after cut_after pieces: the SDKs hand over the beginning and raise nothing.
+    cut = [r for r in f["truncation"] if r["path"] == "cut by the hop"]
+    sdk = [r for r in cut if r["reader"] != "streamlab Trace (raw socket)"]
+    ours = [r for r in cut if r["reader"] == "streamlab Trace (raw socket)"]
+    assert len(sdk) >= 4 and all(r["raised"] is False for r in sdk)
+    assert all(r["beginning of the whole answer"] and 0 < r["text received (chars)"] < len(f["text"]) for r in cut)
+    assert all(r["a check of the stop reason says cut"] for r in cut)
+    assert len(ours) == 3 and all(r["the reader said it was cut"] for r in ours)
+    relayed = [r for r in f["truncation"] if r["path"] != "cut by the hop"]
+    assert relayed and all(r["raised"] for r in relayed)  # the relay turns the cut into an error the SDK raises
+    relay = {r["path"]: r for r in f["relay"]}
+    leave = f["leave_after"]
+    assert relay["direct (no relay)"]["upstream generated"] <= leave + 2
+    assert relay["relay"]["upstream generated"] <= leave + 2
+    assert relay["relay"]["upstream noticed by"] is not None  # the relay closed its connection: the upstream saw it
+    assert relay["relay --naive"]["upstream generated"] == f["relay_tokens"]
+    if f["llama_missing"] is None:
+        assert relay["relay → llama.cpp"]["upstream generated"] <= leave + 2
