@@ -6,7 +6,7 @@
 # other work keeps its CPU. Idempotent: does nothing when the pinned version is there.
 #
 #   bash scripts/engine.sh            # or: make engine
-#   ENGINE_VENV=/elsewhere bash scripts/engine.sh
+#   STREAMLAB_ENGINE_VENV=/elsewhere bash scripts/engine.sh   # streamlab.engine reads the same variable
 #
 # The build is for this CPU (-march=native): build the venv on the machine that uses it,
 # or set CMAKE_ARGS="-DGGML_NATIVE=OFF" for a portable one. If the native build fails,
@@ -15,7 +15,7 @@ set -euo pipefail
 
 VERSION=0.3.36
 cd "$(dirname "$0")/.."
-VENV=${ENGINE_VENV:-.venv-engine}
+VENV=${STREAMLAB_ENGINE_VENV:-.venv-engine}
 PYTHON=${PYTHON:-python3}
 started=$(date +%s)
 
