@@ -20,6 +20,7 @@ from streamlab import client, sse
 from streamlab import websocket as ws
 from streamlab.http import HTTPError, parse_response_head
 from streamlab.server import ClientConnection, ClientGone
+from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = pytest.mark.timeout(120)
 model = pytest.mark.model
@@ -169,7 +170,7 @@ def test_health(app):
         "engine": "local",
         "naive": False,
         "active": 0,
-        "max_active": 4,
+        "max_active": MAX_ACTIVE,
     }
 
 

@@ -24,10 +24,15 @@ HEAD_TIMEOUT = 10.0  # seconds from a request's first byte to the end of its hea
 BODY_TIMEOUT = 10.0  # seconds to receive the whole body once the head is in (else 408)
 IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next request
 MAX_CONNECTIONS = 100  # open connections; the next one gets 503 with Retry-After
-# Generations running at once. On a CPU they share the cores token by token:
+# Generations running at once. The local model takes one forward pass at a
+# time (one lock, no batching), so running more at once adds no throughput:
 # each of N streams runs at 1/N of the speed, and a newcomer's first token
-# waits behind the others' steps. Four keeps it within ~2x of an idle server.
-MAX_ACTIVE = 4
+# waits behind the others' prompts and steps. Measured in chapter 9 (2 cores,
+# SmolLM2-135M; idle first text 0.22 s): 2 readers at once got theirs in 0.30 s
+# (median) and 0.40 s (worst), 4 in 0.59 s and 0.90 s. Two keeps an admitted
+# reader within 2x of an idle server; --max-active raises it (a naive server
+# needs room for the generations it keeps running for nobody).
+MAX_ACTIVE = 2
 RETRY_AFTER = 1  # seconds, in the Retry-After of a 503
 WS_PING_INTERVAL = 20.0  # an idle WebSocket is pinged after this many silent seconds (websockets' default)
 WS_PING_TIMEOUT = 20.0  # ... and closed with 1011 when no pong comes back within this (websockets' default)
