@@ -23,8 +23,8 @@ from .requests import (
     boolean_field,
     content_text,
     integer_field,
+    json_object,
     last_user_text,
-    load_json,
     number_field,
     stop_field,
     transcript,
@@ -39,9 +39,7 @@ ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_
 
 def parse_request(body: bytes | str) -> GenerationRequest:
     """A Messages request: ``max_tokens`` is required, as Anthropic requires it; ``system`` goes first."""
-    obj = load_json(body)
-    if not isinstance(obj, dict):
-        raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
+    obj = json_object(body)
     if obj.get("max_tokens") is None:
         raise bad("max_tokens is required")
     messages = transcript(obj.get("messages"), ROLES)

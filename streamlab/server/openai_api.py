@@ -26,8 +26,8 @@ from .requests import (
     bad,
     boolean_field,
     integer_field,
+    json_object,
     last_user_text,
-    load_json,
     number_field,
     stop_field,
     transcript,
@@ -43,9 +43,7 @@ ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_
 
 def parse_request(body: bytes | str) -> GenerationRequest:
     """A Chat Completions request, validated; unknown fields are ignored, as OpenAI-compatible servers do."""
-    obj = load_json(body)
-    if not isinstance(obj, dict):
-        raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
+    obj = json_object(body)
     messages = transcript(obj.get("messages"), ROLES)
     if obj.get("n", 1) != 1:
         raise bad("n must be 1: this server makes one answer per request")

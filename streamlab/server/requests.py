@@ -91,6 +91,14 @@ def load_json(body: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise bad(f"the body is not valid JSON: {exc}") from None
 
 
+def json_object(body: bytes | str) -> dict:
+    """A request body that must be one JSON object (every generation route's): 400 otherwise."""
+    obj = load_json(body)
+    if not isinstance(obj, dict):
+        raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def integer_field(obj: dict, name: str, default: int, low: int, high: int) -> int:
     value = obj.get(name, default)
     # bool is a subclass of int in Python, but `true` is not a number in JSON.
@@ -205,9 +213,7 @@ def parse_generation_request(body: bytes | str) -> GenerationRequest:
 
     Unknown keys are ignored, so clients can send fields meant for other servers.
     """
-    obj = load_json(body)
-    if not isinstance(obj, dict):
-        raise bad(f"the request must be a JSON object, got {type(obj).__name__}")
+    obj = json_object(body)
     return GenerationRequest(
         prompt=_prompt(obj),
         max_tokens=integer_field(obj, "max_tokens", 100, 1, 4096),
