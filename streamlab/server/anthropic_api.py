@@ -110,7 +110,3 @@ class MessagesFormat(Format):
         result = job.generation.result
         content = [{"type": "text", "text": result.text}]
         return 200, self._message(job, content, STOP_REASONS[result.stop_reason], job.record.tokens)
-
-    @staticmethod
-    def error(status: int, message: str) -> Any:
-        return error(status, message)

@@ -45,10 +45,6 @@ class Format:
         """The answer as one JSON body, for a client that did not ask for a stream: ``(status, body)``."""
         raise NotImplementedError
 
-    @staticmethod
-    def error(status: int, message: str) -> Any:
-        """The JSON body of a refusal on this API's routes."""
-        return error_body(status, message)
 
     @staticmethod
     def failure(job: Job, endings: Iterable[str]) -> str | None:

@@ -137,8 +137,3 @@ class ChatCompletionFormat(Format):
                          "finish_reason": FINISH_REASONS[result.stop_reason]}],
             "usage": usage(job),
         }
-
-    @staticmethod
-    def error(status: int, message: str) -> Any:
-        return error(status, message)
-
