@@ -167,9 +167,9 @@ def piece_text(data: Any) -> str | None:
         return None
     if isinstance(data.get("text"), str):
         return data["text"]
-    choices = data.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        content = (choices[0].get("delta") or {}).get("content")
+    choice = _first_choice(data)
+    if choice is not None:
+        content = (choice.get("delta") or {}).get("content")
         return content if isinstance(content, str) and content else None
     delta = data.get("delta")
     if data.get("type") == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
@@ -183,20 +183,24 @@ def whole_text(data: Any) -> str | None:
         return None
     if isinstance(data.get("text"), str):
         return data["text"]
-    choices = data.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        return (choices[0].get("message") or {}).get("content")
+    choice = _first_choice(data)
+    if choice is not None:
+        return (choice.get("message") or {}).get("content")
     content = data.get("content")
     if isinstance(content, list):
         return "".join(block.get("text", "") for block in content if isinstance(block, dict))
     return None
 
 
+def _first_choice(data: dict) -> dict | None:
+    """OpenAI's ``choices[0]``, when the object has one."""
+    choices = data.get("choices")
+    return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+
+
 def _finish_reason(data: Any) -> str | None:
-    if isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"]:
-        choice = data["choices"][0]
-        return choice.get("finish_reason") if isinstance(choice, dict) else None
-    return None
+    choice = _first_choice(data) if isinstance(data, dict) else None
+    return None if choice is None else choice.get("finish_reason")
 
 
 def last_id(trace: Trace) -> str | None:
