@@ -13,6 +13,13 @@ decoding the whole text every step would cost O(n) per token, O(n^2) in all.
 The context tokens before ``read_offset`` are decoded too so that the new text
 is measured against its neighbours: that keeps leading spaces (and the merges of
 SentencePiece-style tokenizers) right.
+
+That is two decodes per token, and from Python each decode call costs about a
+microsecond of crossing into Rust and back. A byte-level tokenizer (GPT-2's
+scheme, and SmolLM2's, Qwen's, Llama 3's) decodes by joining bytes, so the text
+of the next window's context *is* the piece just sent, whenever that piece began
+on a character boundary: :class:`Detokenizer` keeps it instead of decoding it
+again, one decode per token (``benchmarks/detokenizer.py`` measures both).
 """
 
 from __future__ import annotations
@@ -38,8 +45,24 @@ def _make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Sequenc
     backend = getattr(tokenizer, "backend_tokenizer", None)
     cleanup = getattr(tokenizer, "clean_up_tokenization_spaces", False)
     if backend is not None and not cleanup:
-        return lambda ids: backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # Callers pass lists. The Rust method itself when it can be (it skips special tokens by
+        # default): a wrapper's frame, or a keyword argument, costs a third of a call again.
+        if skip_special_tokens:
+            return backend.decode
+        return lambda ids: backend.decode(ids, False)
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def joins_bytes(tokenizer: Any) -> bool:
+    """True when decoding is concatenation of the tokens' bytes (a byte-level decoder, no clean-up).
+
+    Then ``decode(a + b) == decode(a) + decode(b)`` whenever ``a`` ends on a
+    character boundary, which lets the detokenizer reuse text it already has.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    return type(backend.decoder).__name__ == "ByteLevel"
 
 
 class Detokenizer:
@@ -48,6 +71,10 @@ class Detokenizer:
     ``push(id)`` returns the text that is now safe to show ("" while a character
     is still incomplete); ``flush()`` returns whatever is held back at the end.
     Joined, the pieces equal ``tokenizer.decode(ids)`` of the pushed ids.
+
+    ``reuse_text`` (default: when the tokenizer joins bytes, see
+    :func:`joins_bytes`) keeps the piece just sent as the next context's text
+    instead of decoding it again; False always decodes both windows.
     """
 
     def __init__(
@@ -57,13 +84,16 @@ class Detokenizer:
         *,
         skip_special_tokens: bool = True,
         max_hold_tokens: int = MAX_HOLD_TOKENS,
+        reuse_text: bool | None = None,
     ) -> None:
         self.decode = _make_decode(tokenizer, skip_special_tokens)
         self.max_hold_tokens = max_hold_tokens
+        self.reuse_text = joins_bytes(tokenizer) if reuse_text is None else reuse_text
         self.ids: list[int] = self._prime(list(prompt_ids))
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.generated = 0
+        self._prefix_text: str | None = None  # decode(ids[prefix_offset:read_offset]) when known
 
     def _prime(self, prompt_ids: list[int]) -> list[int]:
         """Keep the prompt's last tokens as context, cut at character boundaries.
@@ -82,18 +112,24 @@ class Detokenizer:
         return window
 
     def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
+        ids = self.ids
+        ids.append(int(token_id))
         self.generated += 1
-        prefix_text = self.decode(self.ids[self.prefix_offset : self.read_offset])
-        new_text = self.decode(self.ids[self.prefix_offset :])
-        held = len(self.ids) - self.read_offset
-        if new_text.endswith(REPLACEMENT) and held < self.max_hold_tokens:
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self.decode(ids[self.prefix_offset : self.read_offset])
+        new_text = self.decode(ids[self.prefix_offset :])
+        if new_text.endswith(REPLACEMENT) and len(ids) - self.read_offset < self.max_hold_tokens:
             return ""  # the last character is not complete yet: wait for its next byte
         if len(new_text) <= len(prefix_text):
             return ""  # e.g. a special token that decodes to nothing
         piece = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
-        self.read_offset = len(self.ids)
+        self.read_offset = len(ids)
+        # The new context is the tokens just sent. Their text is the piece itself when the
+        # bytes join and the old context ended on a whole character; otherwise decode it next time.
+        clean_cut = self.reuse_text and not prefix_text.endswith(REPLACEMENT)
+        self._prefix_text = piece if clean_cut else None
         return piece
 
     def flush(self) -> str:
@@ -101,6 +137,7 @@ class Detokenizer:
         prefix_text = self.decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self.decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
+        self._prefix_text = None
         return new_text[len(prefix_text) :]
 
 

@@ -70,6 +70,21 @@ def test_random_ids_join_to_full_decode(tok, ids):
 
 
 @HYP
+@given(ids=st.lists(st.integers(min_value=0, max_value=49151), min_size=1, max_size=40),
+       text=st.text(alphabet=ALPHABET, max_size=30))
+def test_reusing_the_sent_piece_as_context_changes_nothing(tok, ids, text):
+    """One decode per token (the piece kept as the next context) gives the very pieces two decodes give."""
+    from streamlab.detokenizer import joins_bytes
+
+    assert joins_bytes(tok)  # the default tokenizer is byte-level: the fast path is the one tested
+    mixed = ids_of(tok, text) + ids if text else ids
+    fast = Detokenizer(tok, reuse_text=True)
+    slow = Detokenizer(tok, reuse_text=False)
+    assert [fast.push(i) for i in mixed] == [slow.push(i) for i in mixed]
+    assert fast.flush() == slow.flush()
+
+
+@HYP
 @given(text=st.text(alphabet=ALPHABET, min_size=1, max_size=60))
 def test_agrees_with_decode_stream(tok, text):
     """Step by step, the text sent so far equals what tokenizers' DecodeStream has sent."""
