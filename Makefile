@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.streamlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lab info system-deps clean exercises engine
+.PHONY: run test bench lab info system-deps clean exercises engine
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ run: $(STAMP) system-deps
 test: $(STAMP) system-deps
 	$(BIN)/python -m streamlab info --tokens 20
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every benchmark in benchmarks/, side by side, its figures and ratios printed and kept in build/bench/*.json,
+# then one summary of every target. Timings belong here, never in the tests (the machines are shared and noisy).
+bench: $(STAMP)
+	$(BIN)/python -m streamlab.bench run
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from streamlab.bench import Report
 from streamlab.generation import PREFILL_CHUNK, Generation
 from streamlab.model import FairLock, load_model
 
@@ -115,62 +116,68 @@ async def stop_during_prefill(lm: Any, ids: list[int], chunk: int) -> dict[str, 
     }
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> Report:
     lm = load_model()
     tok = lm.tokenizer
     text_ids = tok(TEXT)["input_ids"]
     long_ids = (text_ids * (args.prompt_tokens // len(text_ids) + 1))[: args.prompt_tokens]
     short_ids = tok(SHORT_PROMPT)["input_ids"]
+    report = Report("prefill", params={"prompt_tokens": len(long_ids), "chunks": args.chunks, "repeat": args.repeat,
+                                       "contention": args.contention, "model": lm.name})
     print(
         f"model {lm.name} on {lm.device} ({torch.get_num_threads()} torch threads); PREFILL_CHUNK = {PREFILL_CHUNK}; "
         f"load average {os.getloadavg()[0]:.1f} (above the core count: other programs are competing)"
     )
     await alone(lm, short_ids, 0)  # warm up: first calls pay for allocations
 
-    print(f"\n1. Reading a {len(long_ids)}-token prompt alone (to its first token), best of {args.repeat}")
-    print(f"   {'':<18}{'seconds':>9}{'tokens/s':>10}{'overhead':>10}{'CPU s':>8}{'overhead':>10}{'longest turn':>14}")
     chunks = [0, *args.chunks]
     runs: dict[int, list] = {chunk: [] for chunk in chunks}
     for _ in range(args.repeat):  # interleaved, so a busy spell on the machine spreads over every row
         for chunk in chunks:
             runs[chunk].append(await alone(lm, long_ids, chunk))
     base = best(runs[0])
+    rows = []
     for chunk in chunks:
         row = best(runs[chunk])
-        print(
-            f"   {chunk_name(chunk):<18}{row['seconds']:>8.2f}s{len(long_ids) / row['seconds']:>10.0f}"
-            f"{(row['seconds'] / base['seconds'] - 1) * 100:>+9.0f}%{row['cpu']:>7.1f}s"
-            f"{(row['cpu'] / base['cpu'] - 1) * 100:>+9.0f}%{row['longest_turn']:>13.2f}s"
-        )
+        rows.append({
+            "prompt read": chunk_name(chunk), "seconds": row["seconds"], "tokens/s": len(long_ids) / row["seconds"],
+            "overhead %": (row["seconds"] / base["seconds"] - 1) * 100, "CPU s": row["cpu"],
+            "CPU overhead %": (row["cpu"] / base["cpu"] - 1) * 100, "longest turn (s)": row["longest_turn"],
+        })
+    report.table(f"1. reading a {len(long_ids)}-token prompt alone (to its first token), best of {args.repeat}", rows)
+    if PREFILL_CHUNK in runs:
+        report.ratio(f"chunks_of_{PREFILL_CHUNK}_vs_one_pass_seconds", best(runs[PREFILL_CHUNK])["seconds"] / base["seconds"])
+        report.figure(f"chunks_of_{PREFILL_CHUNK}_longest_turn_s", best(runs[PREFILL_CHUNK])["longest_turn"], "s")
+    report.figure("one_pass_longest_turn_s", base["longest_turn"], "s")
 
-    print(
-        f"\n2. A {len(short_ids)}-token request (5 tokens of answer) starting {SHORT_DELAY:.0f} s into the long prompt"
-    )
-    print(f"   {'':<32}{'its first token':>16}{'its 5 tokens':>14}{'long prompt':>13}")
     cases = [(0, "fair")] + [(c, "fair") for c in args.contention]
     if args.contention:
         cases.append((args.contention[0], "plain"))
+    rows = []
     for chunk, kind in cases:
-        rows = []
+        tries = []
         for _ in range(1 if chunk == 0 else args.repeat):  # one pass: the wait is the whole prompt, once is plenty
             lock = FairLock() if kind == "fair" else threading.Lock()
-            rows.append(await two_readers(lm, long_ids, short_ids, chunk, lock))
-        row = best(rows)
-        label = chunk_name(chunk) + ("" if kind == "fair" else ", threading.Lock")
-        print(
-            f"   {label:<32}{row['first_token']:>15.2f}s{row['short_done']:>13.2f}s"
-            f"{row['long_first_token']:>12.2f}s"
-        )
+            tries.append(await two_readers(lm, long_ids, short_ids, chunk, lock))
+        row = best(tries)
+        rows.append({"long prompt read": chunk_name(chunk) + ("" if kind == "fair" else ", threading.Lock"),
+                     "short: first token (s)": row["first_token"], "short: 5 tokens (s)": row["short_done"],
+                     "long: first token (s)": row["long_first_token"]})
+        if kind == "fair":
+            report.figure(f"short_first_token_during_{'one_pass' if not chunk else f'chunks_of_{chunk}'}_s",
+                          row["first_token"], "s")
+    report.table(f"2. a {len(short_ids)}-token request (5 tokens of answer) starting {SHORT_DELAY:.0f} s into the long prompt", rows)
 
-    print(f"\n3. stop() {STOP_AFTER:.0f} s into the long prompt: how soon the generation ends")
-    print(f"   {'':<18}{'ends after':>11}{'prompt read':>13}{'tokens':>8}")
+    rows = []
     for chunk in [0, *args.contention]:
         row = await stop_during_prefill(lm, long_ids, chunk)
-        print(
-            f"   {chunk_name(chunk):<18}{row['latency']:>10.2f}s{row['read']:>8}/{len(long_ids):<4}"
-            f"{row['tokens']:>8}  ({row['reason']})"
-        )
-    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+        rows.append({"prompt read": chunk_name(chunk), "ends after (s)": row["latency"],
+                     "prompt tokens read": f"{row['read']}/{len(long_ids)}", "tokens": row["tokens"], "reason": row["reason"]})
+        report.figure(f"stop_latency_{'one_pass' if not chunk else f'chunks_of_{chunk}'}_s", row["latency"], "s")
+    report.table(f"3. stop() {STOP_AFTER:.0f} s into the long prompt: how soon the generation ends", rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    report.save()
+    return report
 
 
 def parse_chunks(text: str) -> list[int]:
@@ -185,4 +192,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--contention", type=parse_chunks, default=[PREFILL_CHUNK], help="tables 2 and 3's chunk sizes"
     )
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--tiny", action="store_true", help="a quick run for the test (a 300-token prompt, chunks of 128)")
+    args = parser.parse_args()
+    if args.tiny:
+        args.prompt_tokens, args.chunks, args.contention, args.repeat = 300, [128], [128], 1
+    asyncio.run(main(args))

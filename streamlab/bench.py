@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import re
 import sys
@@ -34,14 +35,13 @@ from typing import Any, Sequence
 
 from .chapter import BUILD
 
-BENCH_DIR = BUILD / "bench"
+# Where reports go; the test suite points this elsewhere so a tiny run never replaces a real one.
+BENCH_DIR = Path(os.environ.get("STREAMLAB_BENCH_DIR") or BUILD / "bench")
 LINE = re.compile(r"^(?P<bench>[\w.-]+): (?P<key>[\w.-]+) = (?P<value>\S+)(?: (?P<unit>[^()]+?))?(?:\s+\(target (?P<op>[≤≥]) (?P<target>\S+): (?P<verdict>met|missed[^)]*)\))?$")
 
 
 def machine() -> str:
     """The machine in a few words, for the record (the figures mean little without it)."""
-    import os
-
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
@@ -216,16 +216,53 @@ def summary(reports: Sequence[dict[str, Any]]) -> str:
     return f"benchmarks ({head})\n" + format_table(rows) if rows else "no targets recorded"
 
 
+# The benchmarks in the order ``make bench`` runs them: cheap and model-free first.
+BENCHMARKS = ("detokenizer", "overhead", "prefill", "many_streams", "load", "backpressure")
+SCRIPTS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run(names: Sequence[str], *, tiny: bool = False, folder: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Run each benchmark script in its own process (a fresh interpreter each); return how each went."""
+    import subprocess
+
+    env = dict(os.environ)
+    if folder is not None:
+        env["STREAMLAB_BENCH_DIR"] = str(folder)
+    outcome = {}
+    for name in names:
+        script = SCRIPTS / f"{name}.py"
+        print(f"==> benchmarks/{script.name}{' --tiny' if tiny else ''}", flush=True)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, str(script), *(["--tiny"] if tiny else [])], env=env)
+        seconds = time.perf_counter() - started
+        print(f"    {'done' if done.returncode == 0 else f'FAILED ({done.returncode})'} in {seconds:.0f} s", flush=True)
+        outcome[name] = {"returncode": done.returncode, "seconds": seconds}
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamlab.bench", description="The summary of the saved benchmark reports.")
-    parser.add_argument("--folder", type=Path, default=BENCH_DIR)
+    parser = argparse.ArgumentParser(prog="python -m streamlab.bench",
+                                     description="Run the benchmarks (make bench), or print the summary of saved reports.")
+    parser.add_argument("command", nargs="?", choices=("run", "summary"), default="summary")
+    parser.add_argument("--only", action="append", default=[], help="run only this benchmark (repeatable)")
+    parser.add_argument("--tiny", action="store_true", help="every benchmark at its tiny size (a smoke test)")
+    parser.add_argument("--folder", type=Path, default=None, help=f"where reports go (default {BENCH_DIR})")
     args = parser.parse_args(argv)
-    reports = load(args.folder)
+    folder = args.folder or BENCH_DIR
+    failed = []
+    if args.command == "run":
+        names = [n for n in BENCHMARKS if not args.only or n in args.only]
+        outcome = run([n for n in names if (SCRIPTS / f"{n}.py").exists()], tiny=args.tiny, folder=folder)
+        failed = [n for n, o in outcome.items() if o["returncode"]]
+        print()
+    reports = load(folder)
     if not reports:
-        print(f"no reports in {args.folder}: run make bench", file=sys.stderr)
+        print(f"no reports in {folder}: run make bench", file=sys.stderr)
         return 1
     print(summary(reports))
-    return 0
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
