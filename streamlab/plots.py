@@ -229,3 +229,103 @@ def upstream_after_leaving(rows: Sequence[Mapping[str, Any]], *, leave_after: in
     ax.set_ylabel("tokens generated upstream")
     ax.set_title(title)
     return ax
+
+
+# -- chapter 11: serving many readers ----------------------------------------------------------
+
+READING_THRESHOLD = 0.2  # seconds: a gap between pieces longer than ~180-220 ms is one a reader notices
+
+
+def share_above(values: Sequence[float], threshold: float) -> float:
+    """The fraction of ``values`` strictly above ``threshold`` (0 for none)."""
+    return sum(v > threshold for v in values) / len(values) if values else 0.0
+
+
+def gap_ecdf(
+    gaps_by_label: Mapping[str, Sequence[float]],
+    *,
+    threshold: float | None = READING_THRESHOLD,
+    threshold_label: str = "a reader notices",
+    schedule: float | None = None,
+    ax: Any = None,
+    log: bool = True,
+    title: str = "How long the reader waits between pieces",
+) -> Any:
+    """The distribution of gaps (seconds) per label as an ECDF, the threshold drawn, the share above it in the legend.
+
+    Read it as: at x, the line's height is the share of gaps no longer than x. A
+    line that reaches 100% left of the threshold is a stream no reader notices.
+    """
+    ax = _axes(ax, (8, 4))
+    for i, (label, values) in enumerate(gaps_by_label.items()):
+        data = sorted(v * 1000 for v in values)
+        if not data:
+            continue
+        ys = [(k + 1) / len(data) * 100 for k in range(len(data))]
+        name = f"{label} ({share_above(values, threshold):.0%} above)" if threshold is not None else label
+        ax.step(data, ys, where="post", color=COLORS[i % len(COLORS)], label=name)
+    if threshold is not None:
+        ax.axvline(threshold * 1000, color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"{threshold_label}: {threshold * 1000:.0f} ms", (threshold * 1000, 97), rotation=90,
+                    ha="right", va="top", fontsize=8)
+    if schedule is not None:
+        ax.axvline(schedule * 1000, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"schedule: {schedule * 1000:.0f} ms", (schedule * 1000, 50), rotation=90, ha="right",
+                    va="center", fontsize=8, color="grey")
+    if log:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("gap between pieces (ms)")
+    ax.set_ylabel("share of gaps at most this long (%)")
+    ax.set_ylim(0, 101)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    return ax
+
+
+def paired_bars(rows: Sequence[Mapping[str, Any]], label: str, values: Sequence[str], *, units: str = "",
+                ax: Any = None, title: str = "") -> Any:
+    """Horizontal bars, one group per row, one bar per value column, each bar labelled with its value."""
+    ax = _axes(ax, (8, 0.8 + 0.55 * len(rows) * len(values)))
+    height = 0.8 / len(values)
+    for j, column in enumerate(values):
+        ys = [i + j * height for i in range(len(rows))]
+        xs = [float(r[column]) for r in rows]
+        bars = ax.barh(ys, xs, height=height * 0.9, color=COLORS[j % len(COLORS)], label=column)
+        ax.bar_label(bars, labels=[f"{x:.3g}" for x in xs], padding=3, fontsize=8)
+    ax.set_yticks([i + height * (len(values) - 1) / 2 for i in range(len(rows))])
+    ax.set_yticklabels([str(r[label]) for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(units)
+    ax.margins(x=0.15)
+    if len(values) > 1:
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title)
+    return ax
+
+
+def by_concurrency(rows: Sequence[Mapping[str, Any]], y: str, *, group: str = "engine", x: str = "readers",
+                   ylabel: str | None = None, threshold: float | None = None, ax: Any = None, title: str = "") -> Any:
+    """One line per group (e.g. engine) of column ``y`` against ``x`` (e.g. readers at once)."""
+    ax = _axes(ax, (6, 3.5))
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r[group]), []).append(r)
+    for i, (name, members) in enumerate(groups.items()):
+        members = sorted(members, key=lambda r: r[x])
+        ax.plot([r[x] for r in members], [r[y] for r in members], marker="o", color=COLORS[i % len(COLORS)], label=name)
+    if threshold is not None:
+        ax.axhline(threshold, color="black", linestyle="--", linewidth=1, label=f"a reader notices: {threshold:g}")
+    ax.set_xscale("log", base=2)
+    xs = sorted({r[x] for r in rows})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(v) for v in xs])
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel or y)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    return ax
