@@ -1,4 +1,4 @@
-"""``python -m streamlab serve``: load the model (or name an upstream to relay to), serve until signalled."""
+"""``python -m streamlab serve``: load the model (or name an upstream, or a scripted rate), serve until signalled."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ from .app import Server
 from .config import ServerConfig, config_from_args, parse_args
 from .connection import serve_until_signalled
 from .engines import UpstreamEngine
+from .scripted import ScriptedEngine
+
+SPARE_FILES = 64  # descriptors besides the connections: the store, the listener, pipes, imports
 
 
 async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = False) -> int:
     """Listen until SIGINT, SIGTERM (or stdin EOF); then stop everything and return 0."""
+    raise_open_files_limit(config.max_connections + SPARE_FILES)
     server = Server(lm, config)
     await server.start()
     await serve_until_signalled(server.url, exit_on_stdin_eof=exit_on_stdin_eof)
@@ -23,13 +27,35 @@ async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = Fals
     return 0
 
 
+def raise_open_files_limit(needed: int) -> int:
+    """Raise this process's soft limit on open files toward ``needed`` (at most the hard limit); return it.
+
+    Every connection is a file descriptor, and the usual soft limit (1,024)
+    would refuse the thousand-and-first reader with ``EMFILE`` long before
+    ``--max-connections``. The hard limit is as far as a process may go.
+    """
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return needed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    return soft
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m streamlab serve``: load the model once (or, with ``--upstream``, none), then serve."""
+    """``python -m streamlab serve``: load the model once (or, with ``--upstream`` or ``--scripted-rate``, none), then serve."""
     from ..model import load_model
 
     args = parse_args(argv)
-    if args.upstream:
-        engine: Any = UpstreamEngine(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"))
+    if args.scripted_rate is not None:
+        engine: Any = ScriptedEngine(args.scripted_rate)
+        print(f"streamlab: no model: a scripted source, {engine.name}", file=sys.stderr, flush=True)
+    elif args.upstream:
+        engine = UpstreamEngine(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"))
         print(f"streamlab: relaying to {engine.url}", file=sys.stderr, flush=True)
     else:
         with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for

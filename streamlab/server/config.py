@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="relay to this OpenAI-compatible server (vLLM, llama.cpp, Ollama, streamlab) instead of loading a model;"
         " its API key, if it needs one, from $STREAMLAB_UPSTREAM_KEY")
     add("--upstream-model", default=None, metavar="NAME", help="the upstream's model name (default: the first it lists)")
+    add("--scripted-rate", type=float, default=None, metavar="TOKENS_PER_S",
+        help="load no model: answer every request with a scripted text at this many tokens/s (to measure the server alone)")
     add("--ping-interval", type=float, default=15.0, help="keep-alive after this many silent seconds (0: off)")
     add("--write-timeout", type=float, default=30.0, help="give up on a write after this many seconds (0: never)")
     add("--no-accel-header", action="store_true", help="omit 'X-Accel-Buffering: no'")
@@ -124,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_active < 1 or args.max_connections < 1:
         p.error("--max-active and --max-connections must be at least 1")
+    if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
+        p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     return args
 
 

@@ -1,0 +1,119 @@
+"""The scripted source, the rivals, and the many-streams benchmark at its tiny size.
+
+Timings are never asserted as figures (the machines are shared): the
+scripted source's schedule is checked within loose bounds, and the
+benchmark only has to run end to end and print what parses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from inprocess import serving
+from streamlab import client
+from streamlab.bench import SCRIPTS, parse_line
+from streamlab.many_streams import StreamReading, percentile, summarize
+from streamlab.server.engines import engine_for
+from streamlab.server.scripted import ScriptedEngine, ScriptedGeneration, script_text
+from streamlab.stops import MAX_TOKENS, STOP_SEQUENCE, STOPPED
+
+
+def test_pieces_come_on_an_absolute_schedule():
+    counted: list[int] = []
+
+    async def main() -> tuple[list[float], float, ScriptedGeneration]:
+        gen = ScriptedGeneration(rate=50, max_tokens=10, on_token=counted.append)
+        started = time.perf_counter()
+        times = [piece.time async for piece in gen.pieces()]
+        await gen.wait()
+        return times, started, gen
+
+    times, started, gen = asyncio.run(main())
+    assert gen.result.text == script_text(10) and gen.result.tokens == 10
+    assert gen.result.stop_reason == MAX_TOKENS and counted == list(range(1, 11))
+    assert len(times) == 10
+    # Piece i is due at start + i/50 s: each within loose bounds, and no drift at the end.
+    for i, t in enumerate(times, 1):
+        assert -0.005 < t - started - i * 0.02 < 0.25
+    assert times[-1] - started < 0.2 + 0.25
+
+
+def test_stop_ends_it_at_once_with_stopped():
+    async def main() -> ScriptedGeneration:
+        gen = ScriptedGeneration(rate=100, max_tokens=1000)
+        async for piece in gen.pieces():
+            if piece.tokens == 3:
+                gen.stop("eof")
+        await gen.wait()
+        return gen
+
+    gen = asyncio.run(main())
+    assert gen.result.stop_reason == STOPPED and gen.result.tokens == 3 and gen.stop_source == "eof"
+    assert gen.result.text == script_text(3) and gen.stopping
+
+
+def test_a_stop_sequence_ends_it_as_a_model_would():
+    async def main() -> ScriptedGeneration:
+        gen = ScriptedGeneration(rate=200, max_tokens=50, stop_sequences=[" of"])
+        await gen.wait()
+        return gen
+
+    gen = asyncio.run(main())
+    assert gen.result.text == "The keeper" and gen.result.stop_reason == STOP_SEQUENCE
+
+
+def test_the_engine_says_scripted_wherever_its_name_shows():
+    engine = ScriptedEngine(20)
+    assert engine.name == "scripted-20-tok/s" and engine.kind == "scripted"
+    assert engine_for(engine) is engine
+    with serving(ScriptedEngine(100)) as server:
+        health = client.get_json_sync(server.port, "/health")
+        assert health["model"] == "scripted-100-tok/s" and health["engine"] == "scripted"
+        models = client.get_json_sync(server.port, "/v1/models")
+        assert models["data"][0]["id"] == "scripted-100-tok/s"
+        trace = client.stream_sync(server.port, "Tell me", 8)
+        assert trace.status == 200 and trace.text == script_text(8)
+        ws_trace = client.websocket_sync(server.port, "Tell me", 5)
+        assert ws_trace.text == script_text(5)
+        record = client.wait_log_sync(server.port, trace.request_id)
+        assert record["tokens"] == 8 and record["stop_reason"] == MAX_TOKENS and record["prompt_tokens"] == 2
+
+
+def test_the_figures_of_a_run():
+    readings = [StreamReading(started=0.0, times=[0.05, 0.10, 0.16], ended=True),
+                StreamReading(started=0.01, times=[0.06, 0.11, 0.17], ended=True),
+                StreamReading(started=0.02, times=[0.07], failure="ConnectionResetError")]
+    samples = [(0.0, 1.0, 100 << 20), (0.1, 1.5, 103 << 20), (0.2, 2.0, 101 << 20)]
+    row = summarize(readings, samples, tokens=3, rate=20, idle=samples[0], end=samples[-1])
+    assert row["completed"] == 2 and row["failed"] == 1 and row["failures"] == {"ConnectionResetError": 1}
+    assert row["events"] == 7 and row["gap_p50_ms"] == pytest.approx(55, abs=1)
+    assert row["cpu_s_per_10k_events"] == pytest.approx(1.0 / 7 * 10_000)
+    assert row["kb_per_stream"] == pytest.approx(3 * 1024 / 3)
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0 and percentile([], 99) != percentile([], 99)  # NaN
+
+
+def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPTS / "many_streams.py"), "--tiny"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "STREAMLAB_BENCH_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [line for line in done.stdout.splitlines() if " = " in line]
+    figures = [parse_line(line) for line in printed]
+    assert printed and all(figures), [line for line, f in zip(printed, figures) if not f]
+    saved = json.loads((tmp_path / "many_streams.json").read_text())
+    assert len(figures) == len(saved["measures"])
+    keys = {m["key"] for m in saved["measures"]}
+    assert {"sse_5_p99_gap_over_schedule_ms", "cpu_per_event_vs_starlette_5"} <= keys
+    (rows,) = saved["tables"].values()
+    assert {r["server"] for r in rows} == {"streamlab", "uvicorn+starlette", "uvicorn+sse-starlette",
+                                         "streamlab-ws", "websockets"}
+    assert all(r["completed"] == 5 and r["failed"] == 0 for r in rows), rows
+    # The rivals started, and every server streamed the same scripted words.
+    assert {r["sample_text"] for r in saved["data"]["rows"]} == {script_text(10)}
+    assert "scripted" in saved["params"]["source"] and saved["data"]["gaps_ms"]
