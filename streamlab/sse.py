@@ -115,7 +115,10 @@ def encode_event(
             raise ValueError("retry must be a non-negative integer (milliseconds)")
         lines.append(_field("retry", str(retry)))
     if data is not None:
-        lines.extend(_field("data", line) for line in _split_lines(data))
+        if "\n" in data or "\r" in data:
+            lines.extend(_field("data", line) for line in _split_lines(data))
+        else:  # one line (nearly every event): no need to split it
+            lines.append(_field("data", data))
     lines.append("\n")  # the blank line: "dispatch the event now"
     return "".join(lines).encode("utf-8")
 

@@ -135,6 +135,12 @@ class _StuckWriter:
     def write(self, data: bytes) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 1 << 20  # all of it still waits to be sent: the peer never reads
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16384, 65536  # asyncio's defaults
+
     async def drain(self) -> None:
         await asyncio.sleep(3600)
 
