@@ -24,7 +24,7 @@ model = pytest.mark.model
 PROMPT = "The ferry left the harbor"
 EXACT = {"chat": False, "ignore_eos": True}
 # A chat prompt that this model, with this seed, answers in a few tokens and then ends by itself.
-SHORT_CHAT = {"prompt": "Say hi.", "max_tokens": 30, "seed": 1, "chat": True}
+SHORT_CHAT = {"prompt": "Say hi.", "max_tokens": 30, "seed": 4, "chat": True}  # this seed ends by itself in ~6 tokens
 
 
 def conversation(port: int, conversation_id: str) -> list[dict]:
