@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from .aio import run_sync
+from .backlog import Backlog
 from .detokenizer import Detokenizer, NaiveDetokenizer
 from .sampling import Sampler
 
 from .stop_sequences import StopSequences
-from .stops import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED  # why a generation ended
+from .stops import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP_SEQUENCE, STOPPED  # why a generation ended
 
 # Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
 # Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with
@@ -44,6 +45,7 @@ from .stops import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED  # why a gener
 # to 3.3 s a turn; chunks of 128 hold it 1.4 s but cost +53%. On a GPU every
 # figure shrinks a hundredfold and any of these sizes is cheap.
 PREFILL_CHUNK = 256
+ROOM_POLL = 0.02  # seconds between looks for room, for a source on the event loop held back by its reader
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ class PieceSource:
     then ``None``, sets ``self.result`` and then ``self.done``. Both
     :class:`Generation` (a model in a thread) and the relay's
     ``UpstreamGeneration`` (an HTTP stream from another server) are one.
+
+    Backpressure, for every kind of source (see :mod:`streamlab.backlog`):
+    ``set_backpressure(max_queued, slow_reader_timeout)`` bounds the pieces
+    handed over and not yet taken by the reader. A subclass counts each piece
+    it hands over with ``self.backlog.put()`` (``pieces()`` counts it taken)
+    and, before making the next one, lets the bound hold it back: a thread of
+    its own blocks in ``_wait_for_room()``, a task on the event loop awaits
+    ``_room()``, an engine that steps many answers asks ``has_room()``. Waiting
+    ``slow_reader_timeout`` seconds in all stops the answer with ``slow_reader``.
     """
 
     _queue: asyncio.Queue | None = None
@@ -103,16 +114,85 @@ class PieceSource:
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceSource":
         raise NotImplementedError
 
+    def stop(self, source: str = STOPPED) -> None:
+        raise NotImplementedError
+
+    @property
+    def stopping(self) -> bool:
+        raise NotImplementedError
+
+    # -- backpressure ------------------------------------------------------------
+    def set_backpressure(self, max_queued: int | None = None, slow_reader_timeout: float | None = None) -> "PieceSource":
+        """Run at most ``max_queued`` pieces ahead of the reader; stop once that has cost ``slow_reader_timeout`` s of waiting.
+
+        None for either: no bound (today's default for a bare source), no
+        timeout. Call it before ``start``; returns the source.
+        """
+        self._backlog = Backlog(max_queued, slow_reader_timeout)
+        return self
+
+    @property
+    def backlog(self) -> Backlog:
+        """The counters and the bound: pieces queued now, the most queued, when the current wait began."""
+        backlog = self.__dict__.get("_backlog")
+        if backlog is None:  # unbounded; setdefault keeps one, whichever thread asks first
+            backlog = self.__dict__.setdefault("_backlog", Backlog())
+        return backlog
+
+    def has_room(self) -> bool:
+        """Whether the next piece may be made now: never blocks (for an engine that steps many answers at once).
+
+        False: leave this answer out of the step, its reader is ``max_queued``
+        pieces behind. Once it has waited ``slow_reader_timeout`` seconds in
+        all it is stopped (``slow_reader``) and the answer is True again: step it, so
+        that it sees its stop and ends. A stopping source always has room.
+        """
+        backlog = self.backlog
+        if self.stopping:
+            backlog.end_wait()
+            return True
+        if backlog.check():
+            return True
+        if backlog.overdue():
+            self.stop(SLOW_READER)
+            backlog.end_wait()
+            return True
+        return False
+
+    def _wait_for_room(self) -> None:
+        """Block the source's own thread while its reader is ``max_queued`` pieces behind (never holding a lock).
+
+        Returns when the reader takes a piece or leaves, when the source is
+        stopped (its ``stop`` calls ``self.backlog.wake()``), or after
+        ``slow_reader_timeout``, having stopped it with ``slow_reader``.
+        """
+        if not self.backlog.wait(lambda: self.stopping):
+            self.stop(SLOW_READER)
+
+    async def _room(self) -> None:
+        """``_wait_for_room`` for a source that runs on the event loop (the relay): it looks every ``ROOM_POLL`` s."""
+        while not self.has_room():
+            await asyncio.sleep(ROOM_POLL)
+
+    # -- the reader's side ---------------------------------------------------------
     async def pieces(self) -> AsyncIterator[Piece]:
         """Yield each piece as it is made; ``self.result`` is set at the end."""
         self.start()
         assert self._queue is not None
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                self._queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
-                return
-            yield item
+        backlog = self.backlog
+        ended = False
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    self._queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
+                    ended = True
+                    return
+                backlog.take()
+                yield item
+        finally:
+            if not ended:
+                backlog.release()  # the reader left early: whatever runs on (--naive) runs for nobody, unbounded
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self.pieces()
@@ -128,7 +208,6 @@ class PieceSource:
 
     def _after_end(self) -> None:
         """Called once the end is known, before the result is returned (a thread is joined here)."""
-
 
 class Generation(PieceSource):
     """One answer being generated: start it, iterate its pieces, stop it.
@@ -204,6 +283,7 @@ class Generation(PieceSource):
         if self.stop_source is None:
             self.stop_source = source
         self._stop.set()
+        self.backlog.wake()  # a hand-over waiting for room sees the flag now
 
     @property
     def stopping(self) -> bool:
@@ -226,6 +306,13 @@ class Generation(PieceSource):
     # -- the thread ----------------------------------------------------------
     def _hand_over(self, item: Piece | None) -> None:
         assert self._loop is not None and self._queue is not None
+        if item is not None:
+            if threading.current_thread() is self._thread:
+                # Backpressure: the model's own thread waits (after the forward pass, not holding
+                # lm.lock) while the reader is max_queued pieces behind. An engine stepping many
+                # answers never waits here: it asks has_room() before stepping this one.
+                self._wait_for_room()
+            self.backlog.put()
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is left to read

@@ -8,7 +8,8 @@ Three layers each know part of the story, and each has its own words:
   failed (``error``);
 - the **server** knows *why* it stopped sending, the first sign that came:
   the ``stop_signal`` (EOF on the socket, a WebSocket CLOSE frame, a write that
-  failed or timed out, the user's stop, the grace period, a shutdown...);
+  failed or timed out, the user's stop, the grace period, a reader too far
+  behind, a shutdown...);
 - the **store** keeps one word per answer, the stored *stop reason*, joining
   the two (see :func:`stop_reason_for`).
 
@@ -34,6 +35,9 @@ PROTOCOL_ERROR = "protocol_error"  # the WebSocket client broke RFC 6455
 SERVER_SHUTDOWN = "server_shutdown"  # SIGTERM / SIGINT
 CANCEL = "cancel"  # POST /generations/{id}/cancel
 GRACE_EXPIRED = "grace_expired"  # a /generations answer went unread for --grace seconds
+# The generation, --max-queued pieces ahead of its reader, waited --slow-reader-timeout seconds in all
+# for it to take them (see streamlab/backlog.py), and stopped itself. Also a stored reason, same word.
+SLOW_READER = "slow_reader"
 
 # The signals that mean the reader is gone (rather than asked us to stop).
 LEAVING_SIGNALS = frozenset({EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, PROTOCOL_ERROR, GRACE_EXPIRED})
@@ -42,7 +46,7 @@ LEAVING_SIGNALS = frozenset({EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, PROT
 COMPLETED = "completed"  # the model ended by itself (it emitted end-of-sequence)
 CLIENT_LEFT = "client_left"  # the reader disconnected
 INTERRUPTED = "interrupted"  # the server stopped (shutdown, or found after a crash)
-STOP_REASONS = (COMPLETED, MAX_TOKENS, CLIENT_LEFT, STOPPED, ERROR, INTERRUPTED)
+STOP_REASONS = (COMPLETED, MAX_TOKENS, CLIENT_LEFT, STOPPED, ERROR, INTERRUPTED, SLOW_READER)
 
 # Only the model ending by itself makes an answer complete.
 INCOMPLETE_REASONS = frozenset(STOP_REASONS) - {COMPLETED}
@@ -56,6 +60,7 @@ _SIGNAL_REASONS: dict[str | None, str] = {
     CANCEL: STOPPED,
     None: STOPPED,
     SERVER_SHUTDOWN: INTERRUPTED,  # nobody asked: the server is going away
+    SLOW_READER: SLOW_READER,  # the reader is there, but so far behind that the server gave up on it
 }
 
 
@@ -73,6 +78,7 @@ def stop_reason_for(generation_stop_reason: str, stop_signal: str | None) -> str
                         grace_expired, protocol_error
     stopped             stop_message, cancel, None                        stopped
     stopped             server_shutdown                                   interrupted
+    stopped             slow_reader                                       slow_reader
     server_shutdown     (any)                                             interrupted
     ==================  ================================================  ===============
 

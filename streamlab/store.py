@@ -48,6 +48,7 @@ from .stops import (
     INCOMPLETE_REASONS,
     INTERRUPTED,
     MAX_TOKENS,
+    SLOW_READER,
     STOP_REASONS,
     STOPPED,
     stop_reason_for,
@@ -72,6 +73,7 @@ CUT_OFF_WORDS: dict[str, str] = {
     STOPPED: "the user asked to stop",
     ERROR: "an error ended it",
     INTERRUPTED: "the server stopped before it was finished",
+    SLOW_READER: "its reader fell too far behind and the server stopped it",
     STREAMING: "it was still being written",  # a row read before its writer finished
 }
 

@@ -21,7 +21,7 @@ from .. import websocket as ws
 from ..http import HTTPError, Request
 from ..stops import INCOMPLETE_REASONS
 from ..store import STREAMING, Store
-from . import anthropic_api, openai_api, responses
+from . import anthropic_api, openai_api, queues, responses
 from .config import RETRY_AFTER, RETRY_MS, ServerConfig
 from .connection import ClientConnection, ClientGone, until_client_leaves
 from .engines import engine_for
@@ -78,6 +78,7 @@ class Server:
             Route("/log", {"GET": self.get_log}),
             Route("/log/{id}", {"GET": self.get_log_record}),
             Route("/health", {"GET": self.health}),
+            Route("/debug/queues", {"GET": self.debug_queues}),
             Route("/generations", {"POST": self.create_generation}),
             Route("/generations/{id}", {"GET": self.get_generation}),
             Route("/generations/{id}/events", {"GET": self.generation_events}),
@@ -420,6 +421,10 @@ class Server:
         body = {"ok": True, "model": self.engine.name, "engine": self.engine.kind, "naive": self.config.naive,
                 "active": len(self.jobs.running), "max_active": self.config.max_active}
         return await responses.respond_json(client, request, body)
+
+    async def debug_queues(self, client: ClientConnection, request: Request) -> bool:
+        """``GET /debug/queues``: where a slow reader's bytes wait now, layer by layer (this machine only; see queues.py)."""
+        return await responses.respond_json(client, request, queues.snapshot(self, client))
 
     async def get_conversations(self, client: ClientConnection, request: Request) -> bool:
         """``GET /conversations``: every stored conversation, newest first, for a history list."""

@@ -33,6 +33,25 @@ MAX_CONNECTIONS = 100  # open connections; the next one gets 503 with Retry-Afte
 # reader within 2x of an idle server; --max-active raises it (a naive server
 # needs room for the generations it keeps running for nobody).
 MAX_ACTIVE = 2
+# Backpressure (streamlab/backlog.py, benchmarks/backpressure.py). A reader
+# slower than the model leaves its bytes in the socket buffers first: measured
+# for a reader with a 4 KB window on a 1448-byte MSS, ~50 KB in the server's
+# kernel, growing to ~220 KB as the kernel tunes it, then 64 KiB in asyncio's
+# transport buffer (then send() waits in drain()). Only then do pieces queue.
+# MAX_QUEUED bounds that queue: 256 pieces is ~17 s of the model's output at
+# 15 tokens/s (~70 KB of OpenAI chunks, the transport buffer once more), so a
+# reader who pauses for less (a background tab, a busy client) never holds the
+# model back, and one who falls behind for good and then leaves has cost at most
+# that much compute beyond what the buffers hold. Queued pieces cost ~200 bytes
+# each; what a generation running ahead really holds is its KV cache (45 KiB a
+# token on SmolLM2-135M). SLOW_READER_TIMEOUT: a generation kept waiting 60 s in
+# all is stopped (stored as slow_reader). A reader under ~1.6 KB/s is cut
+# sooner by the 30 s write timeout (one drain() must move 48 KiB); this stops the
+# one that reads steadily but stays behind, after holding a thread and a KV cache
+# idle for a minute: as long as the proxies in front wait for a silent upstream
+# (nginx's 60 s).
+MAX_QUEUED = 256
+SLOW_READER_TIMEOUT = 60.0
 RETRY_AFTER = 1  # seconds, in the Retry-After of a 503
 WS_PING_INTERVAL = 20.0  # an idle WebSocket is pinged after this many silent seconds (websockets' default)
 WS_PING_TIMEOUT = 20.0  # ... and closed with 1011 when no pong comes back within this (websockets' default)
@@ -78,6 +97,9 @@ class ServerConfig:
     ws_idle_timeout: float = WS_IDLE_TIMEOUT
     max_head: int = MAX_HEAD
     max_body: int = MAX_BODY
+    max_queued: int | None = MAX_QUEUED  # None: unbounded, the model runs on however far behind the reader is
+    slow_reader_timeout: float | None = SLOW_READER_TIMEOUT  # None: a generation may wait for its reader for ever
+
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,9 +145,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ws-ping-interval", type=float, default=WS_PING_INTERVAL, metavar="S", help="ping an idle WebSocket after S seconds")
     add("--ws-ping-timeout", type=float, default=WS_PING_TIMEOUT, metavar="S", help="close (1011) when no pong within S seconds")
     add("--ws-idle-timeout", type=float, default=WS_IDLE_TIMEOUT, metavar="S", help="close (1001) a WebSocket silent for S seconds")
+    add("--max-queued", type=int, default=MAX_QUEUED, metavar="N",
+        help="a generation runs at most N pieces ahead of its reader, then waits (0: unbounded)")
+    add("--slow-reader-timeout", type=float, default=SLOW_READER_TIMEOUT, metavar="S",
+        help="stop a generation that has waited S seconds in all for its reader to catch up (0: never)")
     args = p.parse_args(argv)
     if args.max_active < 1 or args.max_connections < 1:
         p.error("--max-active and --max-connections must be at least 1")
+    if args.max_queued < 0 or args.slow_reader_timeout < 0:
+        p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
+    if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
+        p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
         p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     return args
@@ -158,4 +188,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ws_ping_interval=args.ws_ping_interval,
         ws_ping_timeout=args.ws_ping_timeout,
         ws_idle_timeout=args.ws_idle_timeout,
+        max_queued=args.max_queued or None,
+        slow_reader_timeout=args.slow_reader_timeout or None,
     )

@@ -18,7 +18,7 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..generation import Generation, GenerationResult, Piece
+from ..generation import Generation, GenerationResult, Piece, PieceSource
 from ..http import HTTPError
 from ..stops import (
     CLIENT_LEFT,
@@ -28,6 +28,7 @@ from ..stops import (
     INCOMPLETE_REASONS,
     LEAVING_SIGNALS,
     SERVER_SHUTDOWN,
+    SLOW_READER,
     STOP_MESSAGE,
     stop_reason_for,
 )
@@ -221,6 +222,8 @@ class Jobs:
             prompt_tokens=len(turn.prompt_ids),
         )
         generation = self.engine.generation(req, turn.prompt_ids, turn.messages, config, record.count_tokens)
+        if isinstance(generation, PieceSource):  # the backpressure policy, whichever engine makes the pieces
+            generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
         answer = self.store.begin_answer(turn.conversation_id)
         record.message_id = answer.message_id
         self.log[record.id] = record
@@ -261,6 +264,9 @@ class Jobs:
     async def _finish(self, job: Job) -> GenerationResult:
         result = await job.generation.wait()
         record = job.record
+        if getattr(job.generation, "stop_source", None) == SLOW_READER and record.stop_signal != SLOW_READER:
+            # It stopped itself, before any other signal reached it (its stop_source is the first).
+            record.stop_signal, record.tokens_at_stop = SLOW_READER, result.tokens
         record.tokens = result.tokens
         record.prompt_tokens = record.prompt_tokens or result.prompt_tokens  # an upstream counts it
         record.prompt_tokens_read = job.generation.prompt_tokens_read

@@ -303,6 +303,9 @@ class UpstreamGeneration(PieceSource):
         while True:
             try:
                 for event in events.feed(b"".join(body.feed(data))):
+                    # Backpressure: while our reader is max_queued pieces behind, read no further;
+                    # the upstream's socket buffers fill and its own writes wait.
+                    await self._room()
                     if self._event(event):
                         self._ended = True
                         return self._reason()
@@ -369,6 +372,7 @@ class UpstreamGeneration(PieceSource):
             if self.on_token is not None:
                 self.on_token(self.tokens)
             assert self._queue is not None
+            self.backlog.put()
             self._queue.put_nowait(Piece(content, now, self.tokens))
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])

@@ -45,6 +45,7 @@
     stopped: "stopped by you",
     max_tokens: "cut off: token limit",
     client_left: "cut off: the reader left",
+    slow_reader: "cut off: the reader fell too far behind",
     interrupted: "interrupted",
     error: "failed",
   };

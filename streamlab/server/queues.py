@@ -1,0 +1,92 @@
+"""``GET /debug/queues``: where a slow reader's bytes are waiting right now, layer by layer.
+
+Read-only, cheap, and answered only to a client on this machine (the peer
+addresses of every connection are in it). For each open connection: the bytes
+in asyncio's transport buffer (``write_buffer``: what ``writer.write`` took
+and the socket would not), and the bytes in the kernel's send queue
+(``kernel_unsent``: written to the socket, not yet acknowledged by the peer;
+Linux only, else None). For each running generation: its tokens and its
+:class:`~streamlab.backlog.Backlog` counters (pieces queued now, the most
+queued, how long it has been waiting for its reader). And the process's
+resident memory. :mod:`streamlab.backpressure` samples it a few times a
+second; anyone can ``curl`` it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import struct
+import termios
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..http import HTTPError
+
+if TYPE_CHECKING:
+    from .app import Server
+    from .connection import ClientConnection
+
+
+def kernel_unsent(sock: Any) -> int | None:
+    """Bytes in a TCP socket's send queue: not yet sent, or sent and not acknowledged (Linux's SIOCOUTQ)."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
+    except (OSError, AttributeError, ValueError):
+        return None
+    return struct.unpack("i", raw)[0]
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (``/proc/self/statm``; None where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_loopback(client: ClientConnection) -> bool:
+    peer = client.writer.get_extra_info("peername")
+    try:
+        return ipaddress.ip_address(peer[0]).is_loopback
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
+def _peer(client: ClientConnection) -> str:
+    peer = client.writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+def snapshot(server: Server, asker: ClientConnection) -> dict[str, Any]:
+    """Every connection's buffers, every running generation's backlog, the process's memory."""
+    if not is_loopback(asker):
+        raise HTTPError(403, "/debug/queues answers only this machine")
+    connections = []
+    for client in list(server._connections.values()):
+        if client is asker:
+            continue
+        transport = client.writer.transport
+        connections.append({
+            "peer": _peer(client),
+            "write_buffer": transport.get_write_buffer_size(),
+            "kernel_unsent": kernel_unsent(client.writer.get_extra_info("socket")),
+            "bytes_sent": client.bytes_sent,
+        })
+    generations = []
+    for job in list(server.jobs.running) if server.jobs is not None else []:
+        generation = job.generation
+        backlog = getattr(generation, "backlog", None)
+        generations.append({
+            "id": job.record.id,
+            "path": job.record.path,
+            "tokens": job.record.tokens,
+            "pieces_sent": job.record.pieces_sent,
+            "stopping": bool(getattr(generation, "stopping", False)),
+            "stop_source": getattr(generation, "stop_source", None),
+            "ended": generation.result is not None,
+            **(backlog.snapshot() if backlog is not None else {}),
+        })
+    return {"time": time.time(), "rss_bytes": rss_bytes(), "connections": connections, "generations": generations}
