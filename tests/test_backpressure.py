@@ -377,3 +377,25 @@ def test_the_benchmark_runs_at_its_tiny_size_and_its_lines_parse(tmp_path, capsy
     assert report.get("bounded.peak_queued") <= module.TINY["max_queued"]  # a bound, not a timing
     rows = saved["tables"]["policies"]
     assert [r["policy"] for r in rows] == ["unbounded", "bounded", "bounded_timeout"]
+
+
+def test_the_scripted_source_obeys_the_bound_and_stops_a_slow_reader():
+    """The scripted token source (many-streams benchmark, --scripted-rate) holds back at the bound like a model."""
+    from streamlab.server.scripted import ScriptedGeneration
+
+    async def main():
+        waiting = ScriptedGeneration(rate=200, max_tokens=100).set_backpressure(5, None)
+        waiting.start()
+        await asyncio.sleep(0.2)  # 40 periods: an unbounded source would have made 40
+        assert waiting.tokens == 5 and waiting.backlog.queued == 5
+        pieces = [p async for p in waiting.pieces()]
+        assert len(pieces) == 100 and (await waiting.wait()).stop_reason == MAX_TOKENS
+
+        stopped = ScriptedGeneration(rate=200, max_tokens=100).set_backpressure(5, 0.3)
+        stopped.start()
+        await asyncio.sleep(0.5)
+        pieces = [p async for p in stopped.pieces()]
+        assert len(pieces) == 5 and stopped.stop_source == SLOW_READER
+        assert (await stopped.wait()).tokens == 5
+
+    asyncio.run(main())

@@ -153,6 +153,14 @@ class ScriptedGeneration(PieceSource):
         if self.result is not None:
             return
         assert self._loop is not None and self._queue is not None
+        if not self.has_room():
+            # The reader is max_queued pieces behind: make nothing, look again a period later.
+            # The schedule slips with the wait, as a model that waited would.
+            self._t0 += self.period
+            self._timer = self._loop.call_at(self._t0 + (self.tokens + 1) * self.period, self._tick)
+            return
+        if self.result is not None:  # has_room() stopped it (slow_reader): it has ended
+            return
         self.tokens += 1
         now = time.perf_counter()
         self._times.append(now)
@@ -163,6 +171,7 @@ class ScriptedGeneration(PieceSource):
             text = self.stops.feed(text)
         if text:
             self._texts.append(text)
+            self.backlog.put()
             self._queue.put_nowait(Piece(text, now, self.tokens))
         if self.stops.matched is not None:
             self._finish(STOP_SEQUENCE)
@@ -177,6 +186,7 @@ class ScriptedGeneration(PieceSource):
             tail = self.stops.flush()
             if tail:
                 self._texts.append(tail)
+                self.backlog.put()
                 self._queue.put_nowait(Piece(tail, time.perf_counter(), self.tokens))
         self.result = GenerationResult(
             tokens=self.tokens,
