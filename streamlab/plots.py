@@ -329,3 +329,29 @@ def by_concurrency(rows: Sequence[Mapping[str, Any]], y: str, *, group: str = "e
     ax.grid(alpha=0.3)
     ax.set_title(title)
     return ax
+
+
+def backpressure_timeline(series: Mapping[str, Mapping[str, Sequence[float]]], *, axes: Any = None,
+                          title: str = "A reader at 1 KB/s: what the server makes, holds and sends") -> Any:
+    """Per policy over time: tokens made against pieces read, pieces queued, bytes held in socket buffers."""
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    made, queued, held = axes
+    for i, (policy, s) in enumerate(series.items()):
+        color = COLORS[i % len(COLORS)]
+        made.plot(s["t"], s["tokens"], color=color, label=f"{policy}: made")
+        made.plot(s["t"], s["read_pieces"], color=color, linestyle=":", label=f"{policy}: read")
+        queued.plot(s["t"], s["queued"], color=color, label=policy)
+        buffered = [(a or 0) / 1024 + (b or 0) / 1024 for a, b in zip(s["transport_bytes"], s["kernel_bytes"])]
+        held.plot(s["t"], buffered, color=color, label=policy)
+    made.set_ylabel("tokens made / pieces read")
+    queued.set_ylabel("pieces queued, not yet taken")
+    held.set_ylabel("KiB in asyncio + kernel send buffers")
+    for ax in axes:
+        ax.set_xlabel("seconds")
+        ax.grid(alpha=0.3)
+    made.legend(fontsize=7)
+    queued.legend(fontsize=7)
+    made.figure.suptitle(title)
+    made.figure.tight_layout()
+    return axes
