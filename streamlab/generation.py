@@ -224,6 +224,12 @@ class Generation(PieceSource):
     ``stop_sequences`` end the answer where one of them appears in the text,
     which is cut just before it (``stop_reason`` ``stop_sequence``, and
     ``result.stop_sequence`` names it): see :mod:`streamlab.stop_sequences`.
+
+    ``scheduler``: something with ``submit(generation)`` that runs the model
+    for it instead of a thread of its own (a
+    :class:`streamlab.batching.BatchedEngine`, which steps every generation it
+    holds in one batch). Both ways share what happens to each token:
+    ``_before_step``, ``_accept`` and ``_end`` below.
     """
 
     def __init__(
@@ -246,6 +252,7 @@ class Generation(PieceSource):
         on_token: Callable[[int], None] | None = None,
         prefill_chunk: int | None = PREFILL_CHUNK,
         stop_sequences: Sequence[str] = (),
+        scheduler: Any = None,
     ) -> None:
         if prefill_chunk is not None and int(prefill_chunk) < 0:
             raise ValueError("prefill_chunk must be a positive number of tokens, or 0/None for one pass")
@@ -276,6 +283,11 @@ class Generation(PieceSource):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.done: asyncio.Event | None = None
+        self.scheduler = scheduler
+        self._eos: set[int] = set()
+        self._texts: list[str] = []
+        self._times: list[float] = []
+        self._started = 0.0
 
     # -- control -------------------------------------------------------------
     def stop(self, source: str = "stopped") -> None:
@@ -290,18 +302,21 @@ class Generation(PieceSource):
         return self._stop.is_set()
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
-        if self._thread is not None:
+        if self.done is not None:
             return self
         self._loop = loop or asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         self.done = asyncio.Event()
+        if self.scheduler is not None:
+            self.scheduler.submit(self)  # its loop calls _begin, _before_step, _accept and _end
+            return self
         self._thread = threading.Thread(target=self._run, name="streamlab-generation", daemon=True)
         self._thread.start()
         return self
 
     def _after_end(self) -> None:
-        assert self._thread is not None
-        self._thread.join()  # it has handed everything over and is returning
+        if self._thread is not None:
+            self._thread.join()  # it has handed everything over and is returning
 
     # -- the thread ----------------------------------------------------------
     def _hand_over(self, item: Piece | None) -> None:
@@ -329,14 +344,77 @@ class Generation(PieceSource):
         ids, size = self.prompt_ids, self.prefill_chunk or len(self.prompt_ids)
         return [ids[i : i + size] for i in range(0, len(ids), size)]
 
+    # -- what happens to each token: the thread below and streamlab.batching share it --
+    def _begin(self) -> None:
+        """The clock starts (``result.started``); called once, before the first forward pass."""
+        self._started = time.perf_counter()
+        self._eos = set() if self.ignore_eos else set(self.lm.eos_token_ids)
+
+    def _before_step(self) -> str | None:
+        """Before each forward pass: why to end now (max_tokens, stopped), or None to go on.
+
+        Raises :class:`InjectedFault` once ``fail_after`` tokens are out.
+        """
+        if self.tokens >= self.max_tokens:
+            return MAX_TOKENS
+        if self._stop.is_set():
+            return STOPPED
+        if self.fail_after is not None and self.tokens >= self.fail_after:
+            raise InjectedFault(f"injected fault after {self.tokens} tokens")
+        return None
+
+    def _accept(self, token: int, *, delay: bool = True) -> str | None:
+        """One sampled token: count it, hand its text over; why the answer ends here, or None.
+
+        ``delay=False``: the caller has slept ``token_delay`` already (a batch
+        sleeps once per step, not once per row).
+        """
+        if token in self._eos:
+            return EOS
+        self.tokens += 1
+        self.token_ids.append(token)
+        if delay and self.token_delay:
+            time.sleep(self.token_delay)
+        now = time.perf_counter()
+        self._times.append(now)
+        if self.on_token is not None:
+            self.on_token(self.tokens)
+        text = self.stops.feed(self.detokenizer.push(token))
+        if text:
+            self._texts.append(text)
+            self._hand_over(Piece(text, now, self.tokens))
+        if self.stops.matched is not None:
+            return STOP_SEQUENCE
+        return None
+
+    def _end(self, reason: str, error: str | None = None) -> None:
+        """The last text, the result, the end of the pieces, ``done``: once, whoever ran the model."""
+        tail = self.stops.feed(self.detokenizer.flush())
+        if self.stops.matched is not None and reason in (EOS, MAX_TOKENS):
+            reason = STOP_SEQUENCE  # the last characters completed a stop sequence
+        tail += self.stops.flush()
+        if tail:
+            self._texts.append(tail)
+            self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
+        self.result = GenerationResult(
+            tokens=self.tokens,
+            stop_reason=reason,
+            text="".join(self._texts),
+            error=error,
+            prompt_tokens=len(self.prompt_ids),
+            token_times=self._times,
+            started=self._started,
+            ended=time.perf_counter(),
+            stop_sequence=self.stops.matched,
+        )
+        self._hand_over(None)
+        self._finish()
+
     def _run(self) -> None:
         import torch
 
         lm = self.lm
-        eos = set() if self.ignore_eos else lm.eos_token_ids
-        texts: list[str] = []
-        times: list[float] = []
-        started = time.perf_counter()
+        self._begin()
         reason, error = MAX_TOKENS, None
         # transformers 5 renamed the KV cache argument from past_key_values to cache.
         params = inspect.signature(lm.model.forward).parameters
@@ -356,12 +434,7 @@ class Generation(PieceSource):
 
         try:
             token: int | None = None  # the last token made, fed back in; None until the prompt is read
-            while self.tokens < self.max_tokens:
-                if self._stop.is_set():
-                    reason = STOPPED
-                    break
-                if self.fail_after is not None and self.tokens >= self.fail_after:
-                    raise InjectedFault(f"injected fault after {self.tokens} tokens")
+            while (reason := self._before_step()) is None:
                 if token is None:
                     if not self.prompt_ids:
                         raise ValueError("the prompt has no tokens")
@@ -376,23 +449,8 @@ class Generation(PieceSource):
                 else:
                     logits = forward([token])
                 token = self.sampler(logits, self.token_ids)
-                if token in eos:
-                    reason = EOS
-                    break
-                self.tokens += 1
-                self.token_ids.append(token)
-                if self.token_delay:
-                    time.sleep(self.token_delay)
-                now = time.perf_counter()
-                times.append(now)
-                if self.on_token is not None:
-                    self.on_token(self.tokens)
-                text = self.stops.feed(self.detokenizer.push(token))
-                if text:
-                    texts.append(text)
-                    self._hand_over(Piece(text, now, self.tokens))
-                if self.stops.matched is not None:
-                    reason = STOP_SEQUENCE
+                reason = self._accept(token)
+                if reason is not None:
                     break
                 pause = self.pauses.get(self.tokens)
                 if pause:
@@ -400,26 +458,7 @@ class Generation(PieceSource):
         except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
             reason, error = ERROR, f"{type(exc).__name__}: {exc}"
         past = None  # the KV cache can be large: let it go before the result is read
-        tail = self.stops.feed(self.detokenizer.flush())
-        if self.stops.matched is not None and reason in (EOS, MAX_TOKENS):
-            reason = STOP_SEQUENCE  # the last characters completed a stop sequence
-        tail += self.stops.flush()
-        if tail:
-            texts.append(tail)
-            self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
-        self.result = GenerationResult(
-            tokens=self.tokens,
-            stop_reason=reason,
-            text="".join(texts),
-            error=error,
-            prompt_tokens=len(self.prompt_ids),
-            token_times=times,
-            started=started,
-            ended=time.perf_counter(),
-            stop_sequence=self.stops.matched,
-        )
-        self._hand_over(None)
-        self._finish()
+        self._end(reason, error)
 
 
 def generate_text(lm: Any, prompt: str | None = None, **kwargs: Any) -> GenerationResult:

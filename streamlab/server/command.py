@@ -65,6 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for
             engine = load_model(args.model)
-        print(f"streamlab: model {engine.name} on {engine.device} (loaded in {engine.load_seconds:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(f"streamlab: model {engine.name} on {engine.device} (loaded in {engine.load_seconds:.1f} s),"
+              f" generations: {args.engine}", file=sys.stderr, flush=True)
     return asyncio.run(serve(engine, config_from_args(args), exit_on_stdin_eof=args.exit_on_stdin_eof))

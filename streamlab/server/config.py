@@ -33,6 +33,19 @@ MAX_CONNECTIONS = 100  # open connections; the next one gets 503 with Retry-Afte
 # reader within 2x of an idle server; --max-active raises it (a naive server
 # needs room for the generations it keeps running for nobody).
 MAX_ACTIVE = 2
+# How the local model runs its generations: "threads" (each its own thread,
+# taking turns on the model one forward pass of one token at a time) or
+# "batched" (streamlab/batching.py: one loop steps every generation together,
+# one forward pass for all). Batched is the default: measured with
+# `python benchmarks/load.py` (2026-12-01, 2 shared cores, SmolLM2-135M, 64
+# tokens per reader; figures move ~30% between runs here), 8 readers at once
+# got 45.0 tokens/s in all batched against 10.8 with threads (4.2x), each
+# reader a token every 162 ms (median) instead of every 722 ms, 28% of the
+# gaps over the 0.2 s a reader notices instead of all of them, the first token
+# in 1.1 s instead of 1.6 s (median); 16 readers 82 against 11 tokens/s. At 1
+# and 2 readers the two are even (14 vs 10, 11.5 vs 12 tokens/s).
+ENGINES = ("threads", "batched")
+ENGINE = "batched"
 # Backpressure (streamlab/backlog.py, benchmarks/backpressure.py). A reader
 # slower than the model leaves its bytes in the socket buffers first: measured
 # for a reader with a 4 KB window on a 1448-byte MSS, ~50 KB in the server's
@@ -97,6 +110,7 @@ class ServerConfig:
     ws_idle_timeout: float = WS_IDLE_TIMEOUT
     max_head: int = MAX_HEAD
     max_body: int = MAX_BODY
+    engine: str = ENGINE  # "threads" or "batched" (a model that cannot be batched, like the tests' fake, runs threads)
     max_queued: int | None = MAX_QUEUED  # None: unbounded, the model runs on however far behind the reader is
     slow_reader_timeout: float | None = SLOW_READER_TIMEOUT  # None: a generation may wait for its reader for ever
 
@@ -140,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--idle-timeout", type=float, default=IDLE_TIMEOUT, metavar="S", help="close a kept-alive connection idle for S seconds")
     add("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N", help="open connections at most (503 beyond)")
     add("--max-active", type=int, default=MAX_ACTIVE, metavar="N", help="generations running at once (503 beyond)")
+    add("--engine", choices=ENGINES, default=ENGINE,
+        help="threads: a thread per generation, one token each per turn; batched: one loop, every generation in one batch")
     add("--prefill-chunk", type=int, default=PREFILL_CHUNK, metavar="N",
         help="read prompts N tokens at a time, letting other streams and stops in between (0: one pass)")
     add("--ws-ping-interval", type=float, default=WS_PING_INTERVAL, metavar="S", help="ping an idle WebSocket after S seconds")
@@ -185,6 +201,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_connections=args.max_connections,
         max_active=args.max_active,
         prefill_chunk=args.prefill_chunk,
+        engine=args.engine,
         ws_ping_interval=args.ws_ping_interval,
         ws_ping_timeout=args.ws_ping_timeout,
         ws_idle_timeout=args.ws_idle_timeout,

@@ -33,12 +33,30 @@ def plain_text(messages: Messages) -> str:
 
 
 class LocalEngine:
-    """The model loaded in this process: prompts counted in its tokens, generations in threads."""
+    """The model loaded in this process: prompts counted in its tokens, generations in threads or in one batch.
+
+    ``config.engine`` chooses: ``threads``, a thread per generation; ``batched``,
+    every generation handed to one :class:`streamlab.batching.BatchedEngine`
+    (made on the first that needs it, one per server), which decodes them all
+    in one forward pass a step. A model that cannot be batched (the tests'
+    scripted fake) runs threads whatever the config says.
+    """
 
     kind = "local"
 
     def __init__(self, lm: Any) -> None:
         self.lm = lm
+        self._batched: Any = None  # the BatchedEngine, once one is needed
+
+    def scheduler(self, config: ServerConfig) -> Any:
+        """What runs a generation's forward passes: the batched engine, or None for a thread of its own."""
+        from ..batching import BatchedEngine, can_batch
+
+        if getattr(config, "engine", "threads") != "batched" or not can_batch(self.lm):
+            return None
+        if self._batched is None:
+            self._batched = BatchedEngine(self.lm)
+        return self._batched
 
     @property
     def name(self) -> str:
@@ -74,6 +92,7 @@ class LocalEngine:
             prefill_chunk=config.prefill_chunk,
             stop_sequences=req.stop,
             on_token=on_token,
+            scheduler=self.scheduler(config),
         )
 
 
