@@ -62,7 +62,7 @@ def joins_bytes(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return False
-    return type(backend.decoder).__name__ == "ByteLevel"
+    return type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
 
 
 class Detokenizer:
