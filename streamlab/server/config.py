@@ -24,14 +24,18 @@ HEAD_TIMEOUT = 10.0  # seconds from a request's first byte to the end of its hea
 BODY_TIMEOUT = 10.0  # seconds to receive the whole body once the head is in (else 408)
 IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next request
 MAX_CONNECTIONS = 100  # open connections; the next one gets 503 with Retry-After
-# Generations running at once. The local model takes one forward pass at a
-# time (one lock, no batching), so running more at once adds no throughput:
-# each of N streams runs at 1/N of the speed, and a newcomer's first token
-# waits behind the others' prompts and steps. Measured in chapter 9 (2 cores,
-# SmolLM2-135M; idle first text 0.22 s): 2 readers at once got theirs in 0.30 s
-# (median) and 0.40 s (worst), 4 in 0.59 s and 0.90 s. Two keeps an admitted
-# reader within 2x of an idle server; --max-active raises it (a naive server
-# needs room for the generations it keeps running for nobody).
+# Generations running at once. The bound is on each admitted reader's first
+# text: a newcomer's prompt is read (in chunks, one prompt at a time) between
+# the others' steps, so it waits longer the more are running. Measured in
+# chapter 9 on threads (2 cores, SmolLM2-135M; idle first text 0.22 s): 2
+# readers at once got theirs in 0.30 s (median) and 0.40 s (worst), 4 in
+# 0.59 s and 0.90 s. The batched engine (the default since) keeps each
+# reader's time per token near 160-190 ms up to 16 readers, far better than
+# threads, but its first texts under a burst were no better (4 at once: 1.4 s
+# median, benchmarks/load.py), since prompts are still read one at a time.
+# Two keeps an admitted reader within 2x of an idle server; --max-active
+# raises it (a naive server needs room for the generations it keeps running
+# for nobody).
 MAX_ACTIVE = 2
 # How the local model runs its generations: "threads" (each its own thread,
 # taking turns on the model one forward pass of one token at a time) or
@@ -115,7 +119,6 @@ class ServerConfig:
     slow_reader_timeout: float | None = SLOW_READER_TIMEOUT  # None: a generation may wait for its reader for ever
 
 
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m streamlab serve", description="Serve the model over HTTP, SSE and WebSocket."
@@ -170,8 +173,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-active and --max-connections must be at least 1")
     if args.max_queued < 0 or args.slow_reader_timeout < 0:
         p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
-    if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
-        p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
         p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     return args
