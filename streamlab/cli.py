@@ -7,7 +7,6 @@ the proxy are started in notebooks and tests exactly as a reader types them.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 COMMANDS = {
@@ -33,13 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    if name == "serve":
-        # Before torch loads OpenMP: its idle threads spin (~300,000 turns) after every parallel
-        # region unless the process runs more of them than there are cores. A thread per
-        # generation gets the short spin that way; one batched loop does not, and on a shared
-        # 2-core machine its spinning helper took the cores from the work (a step 5-10x slower,
-        # measured with benchmarks/load.py). 1,000 turns is what the threads get anyway.
-        os.environ.setdefault("GOMP_SPINCOUNT", "1000")
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 
