@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 
@@ -37,17 +38,21 @@ class Sampler:
         self.generator = torch.Generator(device="cpu").manual_seed(int(self.seed))
 
     def __call__(self, logits: torch.Tensor, previous: Sequence[int] = ()) -> int:
-        logits = logits.detach().float().reshape(-1).cpu().clone()
+        # The vocabulary-wide steps (penalty, temperature, softmax) run in numpy, on this thread:
+        # torch splits any op over 32k elements across its OpenMP threads, and waking them costs
+        # more than the arithmetic (ms per op on a busy 2-core machine, measured in
+        # benchmarks/overhead.py). The nucleus step works on a few dozen values, in torch.
+        x = logits.detach().float().reshape(-1).cpu().numpy().astype(np.float32, copy=True)
         if self.repetition_penalty != 1.0 and previous:
-            recent = torch.tensor(sorted(set(previous[-self.window :])), dtype=torch.long)
-            scores = logits[recent]
+            recent = np.fromiter(sorted(set(previous[-self.window :])), dtype=np.int64)
+            scores = x[recent]
             # CTRL-style: shrink a positive logit, push a negative one further down.
-            logits[recent] = torch.where(
-                scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty
-            )
+            x[recent] = np.where(scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty)
         if self.temperature == 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / self.temperature, dim=-1)
+            return int(np.argmax(x))
+        scaled = x / np.float32(self.temperature)
+        weights = np.exp(scaled - scaled.max())
+        probs = torch.from_numpy(weights / weights.sum())
         return nucleus_choice(probs, self.top_p, self.generator)
 
 
