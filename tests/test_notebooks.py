@@ -26,7 +26,11 @@ QUICK: dict[str, dict] = {
     "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8],
                                   "answer_tokens": 4, "slow_connections": 5, "head_timeout": 1.0},
     "10_the_formats_people_actually_use": {"max_tokens": 16, "cut_after": 4, "relay_tokens": 30, "leave_after": 10},
+    "11_serving_many_readers": {"overhead_tokens": 8, "overhead_rounds": 1, "stream_levels": [20], "ws_levels": [20],
+                                "stream_tokens": 10, "load_concurrency": [1, 2], "load_tokens": 6,
+                                "backpressure_duration": 5.0, "backpressure_rate": 600.0},
 }
+
 
 
 def run_chapter(name: str, tmp_path: Path) -> dict:
@@ -197,3 +201,25 @@ def test_10_the_formats_people_actually_use(tmp_path):
     assert relay["relay --naive"]["upstream generated"] == f["relay_tokens"]
     if f["llama_missing"] is None:
         assert relay["relay → llama.cpp"]["upstream generated"] <= leave + 2
+
+
+def test_11_serving_many_readers(tmp_path):
+    f = run_chapter("11_serving_many_readers", tmp_path)
+    ways = {r["way"]: r for r in f["model_table"]}
+    assert set(ways) == {"bare loop", "Generation"} and all(r["tokens/s"] > 0 for r in ways.values())
+    routes = {r["route"]: r for r in f["server_table"]}
+    assert set(routes) == {"/stream", "/ws"} and all(r["pieces"] >= 8 and r["median (ms)"] >= 0 for r in routes.values())
+    servers = {r["server"] for r in f["stream_table"]}
+    assert servers == {"streamlab", "uvicorn+starlette", "uvicorn+sse-starlette", "streamlab-ws", "websockets"}
+    assert all(r["completed"] == r["streams"] == 20 and r["failed"] == 0 for r in f["stream_table"])
+    assert f["cpu_ratio_vs_starlette"] > 0
+    load = {(r["engine"], r["readers"]): r for r in f["load_table"]}
+    assert set(load) == {("threads", 1), ("threads", 2), ("batched", 1), ("batched", 2)}
+    assert all(r["complete"] == f"{n}/{n}" for (_, n), r in load.items())
+    policies = {r["policy"]: r for r in f["backpressure_table"]}
+    assert set(policies) == {"unbounded", "bounded", "bounded_timeout"}
+    bounded, free = policies["bounded"], policies["unbounded"]
+    assert bounded["peak_queued"] <= bounded["max_queued"] + 2
+    assert free["tokens_generated"] >= bounded["tokens_generated"]
+    if free["peak_queued"] > bounded["max_queued"]:  # the buffers filled: the bound held the source back
+        assert bounded["waited_s"] > 0
