@@ -121,6 +121,26 @@ class PieceSource:
     def stopping(self) -> bool:
         raise NotImplementedError
 
+    def _call_on_loop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the source's event loop: now if this is its thread, else as soon as it can.
+
+        For ``stop()``, which any thread may call. A closed loop has nobody
+        left to tell, and is ignored.
+        """
+        loop = getattr(self, "_loop", None)
+        assert loop is not None
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            callback()
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop is closed: nothing is left to stop
+            pass
+
     # -- backpressure ------------------------------------------------------------
     def set_backpressure(self, max_queued: int | None = None, slow_reader_timeout: float | None = None) -> "PieceSource":
         """Run at most ``max_queued`` pieces ahead of the reader; stop once that has cost ``slow_reader_timeout`` s of waiting.

@@ -122,17 +122,7 @@ class ScriptedGeneration(PieceSource):
         self._stopping = True
         if self._loop is None:
             return  # not started: start() sees the flag
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            self._halt()
-        else:
-            try:
-                self._loop.call_soon_threadsafe(self._halt)
-            except RuntimeError:  # the loop is closed: nothing is left to stop
-                pass
+        self._call_on_loop(self._halt)
 
     @property
     def stopping(self) -> bool:

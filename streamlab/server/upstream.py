@@ -143,17 +143,7 @@ class UpstreamGeneration(PieceSource):
         self._stopping = True
         if self._loop is None:
             return  # not started: the task will see the flag before it connects
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            self._abort()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._abort)
-        except RuntimeError:  # the loop is closed: nothing is left to stop
-            pass
+        self._call_on_loop(self._abort)
 
     @property
     def stopping(self) -> bool:
