@@ -51,11 +51,18 @@ def count_words(text: str) -> int:
     return len(_WORD.findall(text))
 
 
+def count_tokens(tokenizer: Any, text: str) -> int:
+    """Tokens in ``text``, special tokens left out: a transformers tokenizer, or a bare ``tokenizers.Tokenizer``."""
+    if callable(tokenizer):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
 def tokens_per_word(tokenizer: Any, texts: Iterable[str]) -> float:
     """Tokens the model's tokenizer spends per English word, over a body of prose."""
     tokens = words = 0
     for text in texts:
-        tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        tokens += count_tokens(tokenizer, text)
         words += count_words(text)
     return tokens / words
 

@@ -3,19 +3,25 @@
 Each chapter runs in a fresh kernel with ``notebooks/`` as its working folder
 (so it does not matter where the command is typed), writes its executed copy to
 ``build/notebooks/`` and its figures to ``build/results/``, and this command
-prints each chapter's headline line.
+prints each chapter's headline line, then each chapter's time and the total
+(also written to ``build/results/timings.json``). The chapters of one run
+share what they measured through ``build/runs/`` (``streamlab.chapter.recorded``):
+each run gets its own ``STREAMLAB_RUN_ID``, so a chapter can say that its data
+was recorded by an earlier chapter *in this run*.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from .chapter import BUILD, NOTEBOOKS
+from .chapter import BUILD, NOTEBOOKS, RUN_ID
 
 
 def chapters(folder: Path = NOTEBOOKS) -> list[Path]:
@@ -75,17 +81,44 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             params[name] = value
     selected = [nb for nb in chapters() if not args.only or any(o in nb.name for o in args.only)]
-    headlines = []
+    os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
+    headlines, seconds = [], {}
     for nb in selected:
         print(f"==> {nb.name}", flush=True)
         started = time.perf_counter()
         figures = execute(nb, parameters=params, out_dir=args.out, progress=True)
-        print(f"    done in {time.perf_counter() - started:.0f} s -> {args.out / 'notebooks' / nb.name}", flush=True)
+        seconds[nb.stem] = time.perf_counter() - started
+        print(f"    done in {seconds[nb.stem]:.0f} s -> {args.out / 'notebooks' / nb.name}", flush=True)
         headlines.append(figures["headline"])
     print("\nstreamlab headlines")
     for line in headlines:
         print(f"  {line}")
+    print()
+    print(timing_table(seconds))
+    write_timings(seconds, args.out / "results" / "timings.json", parameters=params)
     return 0
+
+
+def timing_table(seconds: dict[str, float]) -> str:
+    """Each chapter's time and the total, as lines to print."""
+    width = max([len(name) for name in seconds] + [len("total")])
+    lines = ["streamlab chapter times", *(f"  {name:<{width}}  {s:6.0f} s" for name, s in seconds.items())]
+    lines.append(f"  {'total':<{width}}  {sum(seconds.values()):6.0f} s ({sum(seconds.values()) / 60:.1f} min)")
+    return "\n".join(lines)
+
+
+def write_timings(seconds: dict[str, float], path: Path, *, parameters: dict[str, Any] | None = None) -> None:
+    """``build/results/timings.json``: seconds per chapter (with the papermill kernel's start), the total, the machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    path.write_text(json.dumps({
+        "chapters": {name: round(s, 1) for name, s in seconds.items()},
+        "total": round(sum(seconds.values()), 1),
+        "cpus": os.cpu_count(),
+        "load_average_at_end": None if load is None else round(load, 2),
+        "parameters": parameters or {},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -32,14 +32,101 @@ QUICK: dict[str, dict] = {
 }
 
 
-
-def run_chapter(name: str, tmp_path: Path) -> dict:
+def run_chapter(name: str, tmp_path: Path, parameters: dict | None = None) -> dict:
     notebook = next(nb for nb in chapters() if nb.stem == name)
-    return execute(notebook, parameters=QUICK.get(name, {}), out_dir=tmp_path, timeout=900)["figures"]
+    params = QUICK.get(name, {}) if parameters is None else parameters
+    return execute(notebook, parameters=params, out_dir=tmp_path, timeout=900)["figures"]
 
 
 def test_every_chapter_has_quick_parameters():
     assert {nb.stem for nb in chapters()} <= set(QUICK)
+
+
+def test_chapter_times_and_total_are_printed_and_written(tmp_path):
+    import json
+
+    from streamlab.notebooks import timing_table, write_timings
+
+    seconds = {"01_split_characters": 12.4, "02_three_ways": 61.0}
+    table = timing_table(seconds)
+    assert "01_split_characters" in table and "02_three_ways" in table and "total" in table and "73 s" in table
+    write_timings(seconds, tmp_path / "timings.json", parameters={"max_tokens": 20})
+    saved = json.loads((tmp_path / "timings.json").read_text())
+    assert saved["chapters"] == {"01_split_characters": 12.4, "02_three_ways": 61.0} and saved["total"] == 73.4
+
+
+def defaults(stem: str) -> dict:
+    """A chapter's parameters cell, as the values it assigns."""
+    import ast
+    import json
+
+    notebook = next(nb for nb in chapters() if nb.stem == stem)
+    cell = next(c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+                if "parameters" in c.get("metadata", {}).get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)}
+
+
+def test_chapters_3_and_4_ask_for_the_run_chapter_2_records():
+    """At their defaults they read chapter 2's run back, so ``make run`` generates those answers once."""
+    sizes = ("n_prompts", "max_tokens", "seed")
+    recorded = {k: defaults("02_three_ways")[k] for k in sizes}
+    for stem in ("03_bytes_on_the_wire", "04_the_reader"):
+        assert {k: defaults(stem)[k] for k in sizes} == recorded, stem
+
+
+def test_recorded_reads_a_matching_run_back(tmp_path, monkeypatch):
+    from streamlab import chapter
+
+    monkeypatch.setenv(chapter.RUN_ID, "run-1")
+    made = []
+
+    def make():
+        made.append(1)
+        return {"n": len(made)}
+
+    first = chapter.recorded("x", {"sizes": (1, 2)}, make, by="chapter 2", folder=tmp_path)
+    assert first.made_here and first.source == "generated here" and first.value == {"n": 1}
+    again = chapter.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path)
+    assert not again.made_here and again.value == {"n": 1}
+    assert again.source == "recorded by chapter 2 in this run"
+    monkeypatch.setenv(chapter.RUN_ID, "run-2")  # a later run of the book reads it too, and says when it was made
+    assert chapter.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path).source.startswith(
+        "recorded by chapter 2 on ")
+    other = chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path)  # other sizes: made again
+    assert other.made_here and other.value == {"n": 2}
+    owner = chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 2", folder=tmp_path, reuse=False)
+    assert owner.made_here and owner.value == {"n": 3}  # the chapter that owns the experiment always measures
+    (tmp_path / "x.json").write_text("{half a recording", encoding="utf-8")
+    assert chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path).made_here
+
+
+def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
+    from streamlab.experiments import three_ways_run
+
+    prompts = ["The harbour at dawn", "A letter arrived"]
+    made = three_ways_run(prompts, max_tokens=12, seed=0, by="chapter 2", folder=tmp_path, port=app.port, reuse=False)
+    assert made.made_here and len(made.value.traces) == 2
+    read = three_ways_run(prompts, max_tokens=12, seed=0, by="chapter 3", folder=tmp_path, port=app.port)
+    assert not read.made_here and read.value.traces == made.value.traces  # the same traces, byte for byte
+    streams = three_ways_run(prompts, max_tokens=12, seed=0, ways=["stream"], by="chapter 4", folder=tmp_path,
+                             port=app.port)
+    assert not streams.made_here and [set(by_way) for by_way in streams.value.traces] == [{"stream"}, {"stream"}]
+    assert three_ways_run(prompts, max_tokens=13, seed=0, by="chapter 3", folder=tmp_path, port=app.port).made_here
+
+
+def test_03_and_04_read_chapter_2s_run_back(tmp_path, app):
+    """Run in one book, chapters 3 and 4 generate nothing: they read the run chapter 2 recorded."""
+    from streamlab.chapter import load_prompts, runs_folder
+    from streamlab.experiments import three_ways_run
+
+    sizes = {"n_prompts": 1, "max_tokens": 20}
+    prompts = [p["prompt"] for p in load_prompts()[:1]]
+    results = tmp_path / "results" / "any.json"
+    three_ways_run(prompts, max_tokens=20, seed=0, by="chapter 2", folder=runs_folder(results), port=app.port,
+                   reuse=False)
+    for name in ("03_bytes_on_the_wire", "04_the_reader"):
+        assert run_chapter(name, tmp_path, sizes)["source"].startswith("recorded by chapter 2"), name
 
 
 def test_01_split_characters(tmp_path):
@@ -66,6 +153,7 @@ def test_02_three_ways(tmp_path):
     # Streaming costs bytes: /complete is the cheapest per byte of text, SSE the dearest.
     assert ways["complete"]["ratio"] < ways["ws"]["ratio"] < ways["stream"]["ratio"]
     assert all(row["complete"] for row in f["rows"])
+    assert f["source"] == "generated here" and (tmp_path / "runs" / "02_three_ways.json").exists()
 
 
 def test_03_bytes_on_the_wire(tmp_path):
@@ -75,6 +163,7 @@ def test_03_bytes_on_the_wire(tmp_path):
     assert sizes["WebSocket frame"] < sizes["streamlab SSE event"] < sizes["Anthropic content_block_delta"]
     assert f["recoverable_plain"] == 1.0
     assert f["recoverable_padded"] < 1.0 and f["padding_cost"] > 1.0
+    assert f["source"] == "generated here"  # alone, it makes the answers itself
 
 
 def test_04_the_reader(tmp_path):
