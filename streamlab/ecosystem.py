@@ -496,7 +496,7 @@ def _sdk_row(path: str, result: SdkRead, whole: str | None) -> dict[str, Any]:
 
 
 def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, whole: str | None = None,
-                     relay: bool = True) -> list[dict[str, Any]]:
+                     relay: bool = True, hop: CuttingHop | None = None, guard: Any = None) -> list[dict[str, Any]]:
     """Experiment 2: every reader through a hop that cuts the stream cleanly after ``cut_after`` pieces.
 
     The SDK rows say what the library did: raise, or hand over the text; and
@@ -507,9 +507,16 @@ def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, 
     the relay checks the upstream's ending, and turns a cut into an error
     that the SDK raises. With ``whole`` (the uncut answer to the same
     request), each row says whether what it got is that answer's beginning.
+
+    A chapter that starts its servers once passes its ``hop`` (a running
+    ``CuttingHop`` in front of ``port``, cutting after ``cut_after``) and its
+    ``guard`` (a relay already started with ``--upstream`` the hop's URL);
+    without them, both are started here and stopped at the end.
     """
     rows = []
-    with CuttingHop(port, cut_after) as hop:
+    own_hop = hop is None
+    hop = CuttingHop(port, cut_after).start() if own_hop else hop
+    try:
         for fmt, read in TRUNCATION_READERS:
             kwargs = {} if fmt == STREAMLAB else {"model": model}
             rows.append(_sdk_row(CUT, read(hop.url, max_tokens, **kwargs), whole))
@@ -520,12 +527,17 @@ def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, 
         if relay:
             from .runner import start_server
 
-            guard = start_server("--upstream", hop.url)
+            own_guard = guard is None
+            guard = start_server("--upstream", hop.url) if own_guard else guard
             try:
                 for fmt, read in RELAYED_READERS:
                     rows.append(_sdk_row(RELAYED, read(guard.url, max_tokens, model=model), whole))
             finally:
-                guard.stop()
+                if own_guard:
+                    guard.stop()
+    finally:
+        if own_hop:
+            hop.stop()
     return rows
 
 
@@ -594,22 +606,32 @@ async def leave_through(
     return row
 
 
-def start_relays(upstreams: dict[str, tuple[str, ...]]) -> dict[str, Any]:
-    """Start several ``serve --upstream`` processes at once (each takes seconds, mostly imports): label -> server."""
+def start_model_servers(model_args: list[str], llama: Any = None, llama_missing: str | None = None
+                        ) -> tuple[Any, Any, str | None]:
+    """The chapter's model server and, when it is available, llama.cpp's, started at the same time.
+
+    Returns ``(server, engine, llama_missing)``: ``engine`` is None, and
+    ``llama_missing`` says why, when llama.cpp is not there or did not start.
+    llama.cpp is started from this thread: it is told to exit when the thread
+    that started it ends (``PR_SET_PDEATHSIG`` counts threads), so a worker
+    thread would take it down on the way out.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     from .runner import start_server
 
-    with ThreadPoolExecutor(max_workers=len(upstreams) or 1) as pool:
-        futures = {label: pool.submit(start_server, *args) for label, args in upstreams.items()}
-        started, failed = {}, None
-        for label, future in futures.items():
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        server_start = pool.submit(start_server, *model_args)
+        engine = None
+        if llama is not None and llama_missing is None:
             try:
-                started[label] = future.result()
-            except Exception as exc:  # noqa: BLE001 - stop the others, then say which failed
-                failed = failed or exc
-    if failed is not None:
-        for server in started.values():
-            server.stop()
-        raise failed
-    return started
+                engine = llama.LlamaServer().start()
+            except llama.EngineError as exc:
+                llama_missing = f"llama.cpp did not start: {str(exc)[:300]}"
+        try:
+            server = server_start.result()
+        except BaseException:
+            if engine is not None:
+                engine.stop()
+            raise
+    return server, engine, llama_missing
