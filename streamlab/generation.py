@@ -121,11 +121,24 @@ class PieceSource:
     def stopping(self) -> bool:
         raise NotImplementedError
 
+    def _stop_on_loop(self, source: str, halt: Callable[[], None]) -> None:
+        """``stop()`` for a source that lives on the event loop (no thread): note why, then ``halt`` once, there.
+
+        Any thread may call ``stop()``; the first reason given is the one
+        kept. Before ``start`` only the flag is set (``start`` looks at it).
+        """
+        if self.stop_source is None:
+            self.stop_source = source
+        if self._stopping:
+            return
+        self._stopping = True
+        if getattr(self, "_loop", None) is not None:
+            self._call_on_loop(halt)
+
     def _call_on_loop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the source's event loop: now if this is its thread, else as soon as it can.
 
-        For ``stop()``, which any thread may call. A closed loop has nobody
-        left to tell, and is ignored.
+        A closed loop has nobody left to tell, and is ignored.
         """
         loop = getattr(self, "_loop", None)
         assert loop is not None

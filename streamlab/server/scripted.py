@@ -115,14 +115,7 @@ class ScriptedGeneration(PieceSource):
 
     def stop(self, source: str = "stopped") -> None:
         """End now (safe to repeat, and from any thread): the reader is gone or said stop."""
-        if self.stop_source is None:
-            self.stop_source = source
-        if self._stopping:
-            return
-        self._stopping = True
-        if self._loop is None:
-            return  # not started: start() sees the flag
-        self._call_on_loop(self._halt)
+        self._stop_on_loop(source, self._halt)  # not started yet: start() sees the flag
 
     @property
     def stopping(self) -> bool:

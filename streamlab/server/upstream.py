@@ -136,14 +136,7 @@ class UpstreamGeneration(PieceSource):
 
     def stop(self, source: str = "stopped") -> None:
         """Stop reading and close the upstream connection at once (safe to repeat, and from any thread)."""
-        if self.stop_source is None:
-            self.stop_source = source
-        if self._stopping:
-            return
-        self._stopping = True
-        if self._loop is None:
-            return  # not started: the task will see the flag before it connects
-        self._call_on_loop(self._abort)
+        self._stop_on_loop(source, self._abort)  # not started yet: the task will see the flag before it connects
 
     @property
     def stopping(self) -> bool:
