@@ -9,10 +9,12 @@ from looping on one phrase, which greedy decoding of so small a model does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch loads when a sampler is made: a server with no model (--scripted-rate) starts without it
+    import torch
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Sampler:
             raise ValueError("top_p must be in (0, 1]")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
+        import torch
+
         self.generator = torch.Generator(device="cpu").manual_seed(int(self.seed))
 
     def __call__(self, logits: torch.Tensor, previous: Sequence[int] = ()) -> int:
@@ -52,6 +56,8 @@ class Sampler:
             return int(np.argmax(x))
         scaled = x / np.float32(self.temperature)
         weights = np.exp(scaled - scaled.max())
+        import torch
+
         probs = torch.from_numpy(weights / weights.sum())
         return nucleus_choice(probs, self.top_p, self.generator)
 
@@ -66,6 +72,8 @@ NUCLEUS_WINDOW = 64
 
 def nucleus_choice(probs: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
     """Sample from the smallest set of tokens whose probability reaches ``top_p``."""
+    import torch
+
     size = probs.numel()
     k = min(NUCLEUS_WINDOW, size)
     while True:
