@@ -23,8 +23,9 @@ import asyncio
 import inspect
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .aio import run_sync
 from .backlog import Backlog
@@ -89,10 +90,60 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int
     return list(map(int, tokenizer(prompt)["input_ids"]))
 
 
+class PieceQueue:
+    """The pieces handed to the event loop and not yet taken: ``asyncio.Queue``'s ``put_nowait``/``get``, plus ``ready()``.
+
+    ``ready()`` is a future that is done once an item is there, so that a
+    reader can wait for the next piece *or* for a keep-alive to fall due
+    with one future and one timer. With ``asyncio.Queue`` that wait needs
+    ``get()`` wrapped in a task for every piece (a task survives a timeout;
+    ``wait_for`` would cancel the get): at a thousand streams those tasks
+    were the biggest share of the server's CPU per event. A future resolved
+    by a timer is its reader's own: ``put_nowait`` wakes the others.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiters: list[asyncio.Future] = []
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def get_nowait(self) -> Any:
+        """The oldest item; ``asyncio.QueueEmpty`` when there is none."""
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    def ready(self) -> asyncio.Future:
+        """A future of this loop, done (True) once an item is queued; done already if one is."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._items:
+            waiter.set_result(True)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    async def get(self) -> Any:
+        while not self._items:
+            await self.ready()
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 class PieceSource:
     """What a server reads from anything that makes an answer: ``pieces()`` as they come, ``wait()`` for the end.
 
-    A subclass puts each ``Piece`` on ``self._queue`` (in the event loop),
+    A subclass puts each ``Piece`` on ``self._queue``, a :class:`PieceQueue` (in the event loop),
     then ``None``, sets ``self.result`` and then ``self.done``. Both
     :class:`Generation` (a model in a thread) and the relay's
     ``UpstreamGeneration`` (an HTTP stream from another server) are one.
@@ -107,7 +158,7 @@ class PieceSource:
     ``slow_reader_timeout`` seconds in all stops the answer with ``slow_reader``.
     """
 
-    _queue: asyncio.Queue | None = None
+    _queue: PieceQueue | None = None
     done: asyncio.Event | None = None
     result: GenerationResult | None = None
 
@@ -208,17 +259,31 @@ class PieceSource:
             await asyncio.sleep(ROOM_POLL)
 
     # -- the reader's side ---------------------------------------------------------
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """Yield each piece as it is made; ``self.result`` is set at the end."""
+    async def pieces(self, until: Callable[[asyncio.Future], Awaitable[bool]] | None = None) -> AsyncIterator[Piece | None]:
+        """Yield each piece as it is made; ``self.result`` is set at the end.
+
+        ``until`` waits for the next piece on the caller's terms: given the
+        queue's ``ready()`` future, it returns True once that is done, or False
+        to give up for now (a keep-alive is due), and then ``None`` is yielded
+        before waiting again. Without it, only pieces come.
+        """
         self.start()
-        assert self._queue is not None
+        queue = self._queue
+        assert queue is not None
         backlog = self.backlog
         ended = False
         try:
             while True:
-                item = await self._queue.get()
+                if queue.empty():
+                    ready = queue.ready()
+                    if until is None:
+                        await ready
+                    elif not await until(ready):
+                        yield None
+                        continue
+                item = queue.get_nowait()
                 if item is None:
-                    self._queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
+                    queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
                     ended = True
                     return
                 backlog.take()
@@ -312,7 +377,7 @@ class Generation(PieceSource):
         self.result: GenerationResult | None = None
         self.tokens = 0
         self.token_ids: list[int] = []
-        self._queue: asyncio.Queue | None = None
+        self._queue: PieceQueue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.done: asyncio.Event | None = None
@@ -338,7 +403,7 @@ class Generation(PieceSource):
         if self.done is not None:
             return self
         self._loop = loop or asyncio.get_running_loop()
-        self._queue = asyncio.Queue()
+        self._queue = PieceQueue()
         self.done = asyncio.Event()
         if self.scheduler is not None:
             self.scheduler.submit(self)  # its loop calls _begin, _before_step, _accept and _end

@@ -23,7 +23,7 @@ from inprocess import serving
 from streamlab import client
 from streamlab.backlog import Backlog
 from streamlab.bench import parse_line
-from streamlab.generation import Generation, GenerationResult, Piece, PieceSource
+from streamlab.generation import Generation, GenerationResult, Piece, PieceQueue, PieceSource
 from streamlab.server.anthropic_api import MessagesFormat
 from streamlab.server.config import MAX_QUEUED, SLOW_READER_TIMEOUT, config_from_args, parse_args
 from streamlab.server.formats import StreamlabFormat
@@ -143,7 +143,7 @@ class ManualSource(PieceSource):
 
     def start(self, loop=None) -> "ManualSource":
         if self._queue is None:
-            self._queue, self.done = asyncio.Queue(), asyncio.Event()
+            self._queue, self.done = PieceQueue(), asyncio.Event()
         return self
 
     def stop(self, source: str = STOPPED) -> None:

@@ -311,7 +311,7 @@ class Jobs:
 
 
 class Silence:
-    """``wait(task)``: True once the task is done, False after ``interval`` seconds of waiting (0: never).
+    """``wait(ready)``: True once the future ``ready`` is done, False after ``interval`` seconds of waiting (0: never).
 
     ``asyncio.wait({task}, timeout=interval)`` does the same, but makes a
     timer, a future and callbacks for every piece, and cancels the timer
@@ -319,7 +319,8 @@ class Silence:
     measured it at a fifth of the server's CPU per event at 300 streams.
     Pieces come far more often than keep-alives are due, so this keeps one
     timer per stream: when it fires, it looks at when the current wait
-    began, and either ends the wait or sets itself for the right moment.
+    began, and either ends the wait (resolving the reader's own ``ready``
+    future with False) or sets itself for the right moment.
     """
 
     def __init__(self, interval: float) -> None:
@@ -329,24 +330,17 @@ class Silence:
         self.waiter: asyncio.Future | None = None
         self.timer: asyncio.TimerHandle | None = None
 
-    async def wait(self, task: asyncio.Future) -> bool:
-        if task.done():
-            return True
-        waiter = self.waiter = self.loop.create_future()
-
-        def wake(_: asyncio.Future) -> None:
-            if not waiter.done():
-                waiter.set_result(True)
-
-        task.add_done_callback(wake)
+    async def wait(self, ready: asyncio.Future) -> bool:
+        if ready.done():
+            return bool(ready.result())
+        self.waiter = ready
         self.began = self.loop.time()
         if self.interval > 0 and self.timer is None:
             self.timer = self.loop.call_at(self.began + self.interval, self._due)
         try:
-            return await waiter
+            return bool(await ready)
         finally:
             self.waiter = None
-            task.remove_done_callback(wake)
 
     def _due(self) -> None:
         self.timer = None
@@ -365,33 +359,22 @@ class Silence:
             self.timer = None
 
 
-async def pieces_or_pings(generation: Generation, interval: float) -> AsyncIterator[Piece | None]:
+async def pieces_or_pings(generation: PieceSource, interval: float) -> AsyncIterator[Piece | None]:
     """Yield each piece as it is made, or ``None`` after ``interval`` seconds of silence.
 
     ``None`` is the caller's cue to send a keep-alive (an SSE comment, a
     WebSocket ping) so that proxies and load balancers, which close
     connections idle for 60-100 s, keep this one open while the model thinks.
-    The wait for the next piece is a task that survives the timeout: waiting
-    with ``wait_for`` would cancel it, and with it the stream of pieces.
+    One timer per stream, and one future per wait for a piece (the queue's
+    ``ready()``): no task per piece, and a timeout that cancels nothing.
     """
-    pieces = generation.pieces()
     silence = Silence(interval)
-    next_piece = asyncio.ensure_future(anext(pieces, None))
+    pieces = generation.pieces(silence.wait)
     try:
-        while True:
-            if not await silence.wait(next_piece):
-                yield None
-                continue
-            piece = next_piece.result()
-            if piece is None:
-                return
+        async for piece in pieces:
             yield piece
-            next_piece = asyncio.ensure_future(anext(pieces, None))
     finally:
         silence.close()
-        next_piece.cancel()
-        with suppress(asyncio.CancelledError):
-            await next_piece
         await pieces.aclose()
 
 

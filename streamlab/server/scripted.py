@@ -23,7 +23,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..generation import GenerationResult, Piece, PieceSource
+from ..generation import GenerationResult, Piece, PieceQueue, PieceSource
 from ..stop_sequences import StopSequences
 from ..stops import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
@@ -89,7 +89,7 @@ class ScriptedGeneration(PieceSource):
         self.stop_source: str | None = None
         self.result: GenerationResult | None = None
         self.done: asyncio.Event | None = None
-        self._queue: asyncio.Queue | None = None
+        self._queue: PieceQueue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._stopping = False
@@ -103,7 +103,7 @@ class ScriptedGeneration(PieceSource):
         if self._loop is not None:
             return self
         self._loop = loop or asyncio.get_running_loop()
-        self._queue, self.done = asyncio.Queue(), asyncio.Event()
+        self._queue, self.done = PieceQueue(), asyncio.Event()
         self._started, self._t0 = time.perf_counter(), self._loop.time()
         if self._stopping:  # stopped before it started
             self._finish(STOPPED)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from .. import stops
-from ..generation import GenerationResult, Piece, PieceSource
+from ..generation import GenerationResult, Piece, PieceQueue, PieceSource
 from ..http import BodyReader, HTTPError, IncompleteBody, ResponseHeadParser
 from ..http_fields import list_tokens
 from ..sse import DONE, EventStreamParser, ProtocolError
@@ -117,7 +117,7 @@ class UpstreamGeneration(PieceSource):
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
-        self._queue: asyncio.Queue | None = None
+        self._queue: PieceQueue | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ended = False  # the stream reached its end ([DONE], end of body): closing it is not early
@@ -130,7 +130,7 @@ class UpstreamGeneration(PieceSource):
         if self._task is not None:
             return self
         self._loop = loop or asyncio.get_running_loop()
-        self._queue, self.done, self._stop_event = asyncio.Queue(), asyncio.Event(), asyncio.Event()
+        self._queue, self.done, self._stop_event = PieceQueue(), asyncio.Event(), asyncio.Event()
         self._task = self._loop.create_task(self._run())
         return self
 
