@@ -49,6 +49,7 @@ import tempfile
 import termios
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -348,12 +349,25 @@ def run(
     progress: Callable[[str], None] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Every policy in turn (default :func:`policies`), each on a fresh server; ``kwargs`` go to :func:`run_policy`."""
-    results = []
-    for policy in runs if runs is not None else policies():
+    """Every policy (default :func:`policies`), each on a fresh server; ``kwargs`` go to :func:`run_policy`.
+
+    Scripted servers (``--scripted-rate`` in ``server_args``) run side by side,
+    each in its own process with one slow reader: every figure is per process
+    and per connection, and a scripted source leaves the cores mostly idle.
+    Model servers take turns, so that one's generating does not slow another's.
+    """
+    chosen = list(runs if runs is not None else policies())
+
+    def one(policy: Policy) -> dict[str, Any]:
         if progress is not None:
             progress(f"{policy.name}: server {' '.join(policy.flags())}")
-        results.append(run_policy(policy, lm=lm, progress=progress, **kwargs))
+        return run_policy(policy, lm=lm, progress=progress, **kwargs)
+
+    if lm is None and "--scripted-rate" in kwargs.get("server_args", ()) and len(chosen) > 1:
+        with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+            results = list(pool.map(one, chosen))
+    else:
+        results = [one(policy) for policy in chosen]
     params = {k: v for k, v in kwargs.items() if k != "server_args"}
     return {"params": params, "model": "in-process" if lm is not None else "process", "runs": results}
 

@@ -95,21 +95,25 @@ def figures(traces: Sequence[Any], wall: float) -> dict[str, Any]:
     }
 
 
-def run_engine(engine: str, concurrency: Sequence[int], tokens: int, *,
-               say: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
-    """One server with ``--engine ENGINE``: a warm-up request, then each N in turn."""
-    from . import client, runner
-
+def serve_args(engine: str, concurrency: Sequence[int]) -> list[str]:
+    """How the server for ``engine`` is started: room for the largest N at once."""
     room = str(max(16, *concurrency))
+    return ["--engine", engine, "--max-active", room, "--max-connections", str(int(room) + 16)]
+
+
+def run_engine(engine: str, port: int, concurrency: Sequence[int], tokens: int, *,
+               say: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
+    """The server on ``port`` (``--engine ENGINE``): a warm-up request, then each N in turn."""
+    from . import client
+
     rows: dict[int, dict[str, Any]] = {}
-    with runner.serve("--engine", engine, "--max-active", room, "--max-connections", str(int(room) + 16)) as server:
-        client.stream_sync(server.port, "Hello", 4, ignore_eos=True)  # the first forward passes pay for warming up
-        for n in concurrency:
-            traces, wall = run_sync(readers(server.port, n, tokens))
-            rows[n] = figures(traces, wall)
-            say(f"load:   {engine} x{n}: {rows[n]['tokens_per_s']:.1f} tokens/s, "
-                f"TPOT {rows[n]['tpot_p50_s'] * 1e3:.0f} ms, gap p99 {rows[n]['gap_p99_s'] * 1e3:.0f} ms "
-                f"({wall:.1f} s)")
+    client.stream_sync(port, "Hello", 4, ignore_eos=True)  # the first forward passes pay for warming up
+    for n in concurrency:
+        traces, wall = run_sync(readers(port, n, tokens))
+        rows[n] = figures(traces, wall)
+        say(f"load:   {engine} x{n}: {rows[n]['tokens_per_s']:.1f} tokens/s, "
+            f"TPOT {rows[n]['tpot_p50_s'] * 1e3:.0f} ms, gap p99 {rows[n]['gap_p99_s'] * 1e3:.0f} ms "
+            f"({wall:.1f} s)")
     return rows
 
 
@@ -120,7 +124,17 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
                                               "engines": list(engines), "threshold_s": READING_THRESHOLD},
                               quiet=quiet)
     say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
-    results = {engine: run_engine(engine, concurrency, tokens, say=say) for engine in engines}
+    # Every engine's server starts at once (loading the model is seconds of mostly waiting); they
+    # are measured one after the other, so an idle one costs the other nothing.
+    from .chapter import start_servers
+
+    servers = start_servers({engine: serve_args(engine, concurrency) for engine in engines})
+    try:
+        results = {engine: run_engine(engine, servers[engine].port, concurrency, tokens, say=say)
+                   for engine in engines}
+    finally:
+        for server in servers.values():
+            server.stop()
     report.table("by engine and readers", [
         {"engine": engine, "readers": n, "TTFT p50 (s)": r["ttft_p50_s"], "TTFT p95 (s)": r["ttft_p95_s"],
          "TPOT p50 (ms)": r["tpot_p50_s"] * 1e3, "gap p50 (ms)": r["gap_p50_s"] * 1e3,
