@@ -117,3 +117,41 @@ def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
     # The rivals started, and every server streamed the same scripted words.
     assert {r["sample_text"] for r in saved["data"]["rows"]} == {script_text(10)}
     assert "scripted" in saved["params"]["source"] and saved["data"]["gaps_ms"]
+
+
+def test_a_burst_beyond_asyncios_default_backlog_waits_in_the_kernel():
+    """While the loop is busy, 300 connections complete their handshake and wait to be accepted.
+
+    asyncio's default listen backlog is 100: past it the kernel drops the
+    SYNs and each client retries after 1 s, 3 s, 7 s. The server asks for
+    ``LISTEN_BACKLOG`` (2048).
+    """
+    import select
+    import socket
+    import threading
+
+    from streamlab.server.config import LISTEN_BACKLOG, config_from_args, parse_args
+
+    assert config_from_args(parse_args([])).backlog == LISTEN_BACKLOG >= 1000
+    assert config_from_args(parse_args(["--backlog", "4096"])).backlog == 4096
+    with serving(ScriptedEngine(100)) as server:
+        busy, release = threading.Event(), threading.Event()
+        server.loop.call_soon_threadsafe(lambda: (busy.set(), release.wait(20)))  # the loop accepts nothing now
+        assert busy.wait(5)
+        sockets = []
+        try:
+            for _ in range(300):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", server.port))
+                sockets.append(s)
+            connected: set[socket.socket] = set()
+            deadline = time.monotonic() + 3
+            while len(connected) < len(sockets) and time.monotonic() < deadline:
+                _, writable, _ = select.select([], [s for s in sockets if s not in connected], [], 0.2)
+                connected.update(w for w in writable if w.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+            assert len(connected) == 300
+        finally:
+            release.set()
+            for s in sockets:
+                s.close()

@@ -111,7 +111,8 @@ class Server:
         await self.engine.start()
         self.jobs = Jobs(self.engine, self.config, self._store)
         self.registry = Registry(self.jobs, self.config)
-        self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536)
+        self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536,
+                                                    backlog=self.config.backlog)
         self.port = self._listener.sockets[0].getsockname()[1]
         self.guards = Guards(self.port, self.config.allowed_hosts, self.config.allowed_origins)
         return self.port

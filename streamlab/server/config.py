@@ -24,6 +24,11 @@ HEAD_TIMEOUT = 10.0  # seconds from a request's first byte to the end of its hea
 BODY_TIMEOUT = 10.0  # seconds to receive the whole body once the head is in (else 408)
 IDLE_TIMEOUT = 75.0  # seconds a kept-alive connection may wait for its next request
 MAX_CONNECTIONS = 100  # open connections; the next one gets 503 with Retry-After
+# Connections the kernel may hold completed but not yet accepted. asyncio's
+# default is 100: a burst of a thousand readers overflows it, and each refused
+# SYN is retried by the client's kernel after 1 s, then 3 s, 7 s (uvicorn's
+# default is 2048, as here). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 2048
 # Generations running at once. The bound is on each admitted reader's first
 # text: a newcomer's prompt is read (in chunks, one prompt at a time) between
 # the others' steps, so it waits longer the more are running. Measured in
@@ -107,6 +112,7 @@ class ServerConfig:
     body_timeout: float = BODY_TIMEOUT
     idle_timeout: float = IDLE_TIMEOUT
     max_connections: int = MAX_CONNECTIONS
+    backlog: int = LISTEN_BACKLOG
     max_active: int = MAX_ACTIVE
     prefill_chunk: int = PREFILL_CHUNK
     ws_ping_interval: float = WS_PING_INTERVAL
@@ -156,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--body-timeout", type=float, default=BODY_TIMEOUT, metavar="S", help="whole request body within S seconds (408)")
     add("--idle-timeout", type=float, default=IDLE_TIMEOUT, metavar="S", help="close a kept-alive connection idle for S seconds")
     add("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N", help="open connections at most (503 beyond)")
+    add("--backlog", type=int, default=LISTEN_BACKLOG, metavar="N",
+        help="connections the kernel queues before the server accepts them")
     add("--max-active", type=int, default=MAX_ACTIVE, metavar="N", help="generations running at once (503 beyond)")
     add("--engine", choices=ENGINES, default=ENGINE,
         help="threads: a thread per generation, one token each per turn; batched: one loop, every generation in one batch")
@@ -169,8 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--slow-reader-timeout", type=float, default=SLOW_READER_TIMEOUT, metavar="S",
         help="stop a generation that has waited S seconds in all for its reader to catch up (0: never)")
     args = p.parse_args(argv)
-    if args.max_active < 1 or args.max_connections < 1:
-        p.error("--max-active and --max-connections must be at least 1")
+    if args.max_active < 1 or args.max_connections < 1 or args.backlog < 1:
+        p.error("--max-active, --max-connections and --backlog must be at least 1")
     if args.max_queued < 0 or args.slow_reader_timeout < 0:
         p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
@@ -200,6 +208,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         body_timeout=args.body_timeout,
         idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
+        backlog=args.backlog,
         max_active=args.max_active,
         prefill_chunk=args.prefill_chunk,
         engine=args.engine,
