@@ -197,6 +197,13 @@ def start_proxies(proxies: dict[str, Sequence[str]]) -> dict[str, Any]:
     return _start_together({label: proxy_command(*extra) for label, extra in proxies.items()}, "streamlab-proxy")
 
 
+def start_platforms(platforms: dict[str, Sequence[str]]) -> dict[str, Any]:
+    """Start every ``python -m streamlab platform`` a chapter needs at once (``label -> platform arguments``)."""
+    from .platform import platform_command
+
+    return _start_together({label: platform_command(*extra) for label, extra in platforms.items()}, "streamlab-platform")
+
+
 def _start_together(commands: dict[str, list[str]], name: str) -> dict[str, Any]:
     """Start each command (one that says ``listening on URL``) in a thread of its own; label -> running process."""
     from .runner import start_process

@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "serve": ("streamlab.server", "run the model server (/complete, /stream, /ws)"),
     "proxy": ("streamlab.proxy", "run the buffering reverse proxy"),
+    "platform": ("streamlab.platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
     "run-notebooks": ("streamlab.notebooks", "execute every chapter with papermill into build/"),
     "info": ("streamlab.info", "load the model and print its load time and tokens/second"),
 }

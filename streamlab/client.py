@@ -146,12 +146,19 @@ def _head(lines: list[str]) -> bytes:
 
 
 def post_request(
-    port: int, path: str, body: dict[str, Any], *, host: str = "127.0.0.1", http10: bool = False
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    *,
+    host: str = "127.0.0.1",
+    http10: bool = False,
+    headers: list[tuple[str, str]] | None = None,
 ) -> bytes:
     """The bytes of a JSON POST as this client writes it: the head, then ``body`` as UTF-8 JSON.
 
     ``Host`` names the server, ``Content-Type: application/json`` (a server
-    refuses a POST without it, 415), ``Content-Length``, ``Connection: close``.
+    refuses a POST without it, 415), ``Content-Length``, ``Connection: close``;
+    then ``headers`` (``Accept-Encoding: gzip``, as a browser sends).
     """
     payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
     head = _head([
@@ -160,6 +167,7 @@ def post_request(
         "Content-Type: application/json",
         f"Content-Length: {len(payload)}",
         "Connection: close",
+        *(f"{name}: {value}" for name, value in headers or ()),
     ])
     return head + payload
 
@@ -204,6 +212,7 @@ async def post(
     timeout: float = 120.0,
     read_size: int = 65536,
     http10: bool = False,
+    headers: list[tuple[str, str]] | None = None,
 ) -> Trace:
     """POST ``body`` as JSON and trace the response, whatever its kind.
 
@@ -217,7 +226,7 @@ async def post(
     reader, writer = await _connect(host, port, timeout)
     try:
         trace.sent = time.perf_counter()
-        writer.write(post_request(port, path, body, host=host, http10=http10))
+        writer.write(post_request(port, path, body, host=host, http10=http10, headers=headers))
         await writer.drain()
         await _read_response(reader, reading, trace, path, timeout, read_size, stop_after, leave_after)
     finally:

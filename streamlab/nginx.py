@@ -27,9 +27,19 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NginxError", "NginxProcess", "NginxUnavailable", "find_nginx", "run_nginx", "write_config"]
+__all__ = [
+    "CACHE_STATUS",
+    "NginxError",
+    "NginxProcess",
+    "NginxUnavailable",
+    "find_nginx",
+    "run_nginx",
+    "write_config",
+]
 
 START_TIMEOUT = 10.0
+# With ``cache=True`` every response says what the cache did: HIT, MISS, BYPASS, EXPIRED...
+CACHE_STATUS = "X-Cache-Status"
 
 
 class NginxUnavailable(RuntimeError):
@@ -58,13 +68,19 @@ def write_config(
     *,
     buffering: bool | None = None,
     extra: str = "",
+    location: str = "",
+    cache: bool = False,
 ) -> Path:
     """Write ``folder/nginx.conf``: nginx's defaults, proxying 127.0.0.1:listen_port to the upstream.
 
     ``buffering=None`` leaves ``proxy_buffering`` unset, i.e. on, as in a
     fresh install; True or False writes it out. ``extra`` is pasted into the
     ``server`` block (e.g. ``"proxy_read_timeout 5s;"``), where both
-    locations inherit it. ``/ws`` gets the three lines every WebSocket
+    locations inherit it; ``location`` goes into ``location /`` alone (e.g.
+    ``gzip on;``, which the WebSocket location had better not get). ``cache``
+    declares a cache zone in the folder (``proxy_cache streamlab;`` in
+    ``location`` uses it) and adds an ``X-Cache-Status`` header to every
+    response, so a reader sees what the cache did. ``/ws`` gets the three lines every WebSocket
     behind nginx needs: nginx speaks HTTP/1.0 to upstreams by default, which
     has no ``Upgrade``, and it does not forward hop-by-hop headers.
 
@@ -75,6 +91,11 @@ def write_config(
     folder = Path(folder).resolve()
     user = "user root;\n" if os.geteuid() == 0 else ""
     setting = "" if buffering is None else f"\n            proxy_buffering {'on' if buffering else 'off'};"
+    setting += _indent(location, 12).replace("\n\n", "\n", 1)
+    zone = ""
+    if cache:
+        zone = (f"\n    proxy_cache_path {folder}/cache levels=1:2 keys_zone=streamlab:1m inactive=10m;"
+                f"\n    add_header {CACHE_STATUS} $upstream_cache_status always;")
     upstream = f"http://127.0.0.1:{upstream_port}"
     config = f"""\
 # Written by streamlab.nginx: nginx defaults, everything inside {folder}.
@@ -97,7 +118,7 @@ http {{
     proxy_temp_path {folder}/proxy;
     fastcgi_temp_path {folder}/fastcgi;
     uwsgi_temp_path {folder}/uwsgi;
-    scgi_temp_path {folder}/scgi;
+    scgi_temp_path {folder}/scgi;{zone}
 
     server {{
         listen 127.0.0.1:{listen_port};
@@ -165,6 +186,8 @@ def run_nginx(
     buffering: bool | None = None,
     extra: str = "",
     port: int = 0,
+    location: str = "",
+    cache: bool = False,
 ) -> Iterator[NginxProcess]:
     """Run nginx in front of ``127.0.0.1:upstream_port`` for the duration of a ``with`` block.
 
@@ -181,7 +204,8 @@ def run_nginx(
     process: subprocess.Popen | None = None
     try:
         port = port or _free_port()
-        config = write_config(folder, port, upstream_port, buffering=buffering, extra=extra)
+        config = write_config(folder, port, upstream_port, buffering=buffering, extra=extra, location=location,
+                              cache=cache)
         # -e: the error log before the configuration is read; the compiled-in
         # default (/var/log/nginx) may not be writable.
         base = [binary, "-p", f"{folder}/", "-c", str(config), "-e", str(folder / "error.log")]

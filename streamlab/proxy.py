@@ -20,6 +20,12 @@ It also does what a well-behaved proxy must do for streams:
 - it logs every request (``GET /_proxy/log``), so an experiment can check
   what the proxy did instead of guessing.
 
+The other hops of chapter 12 are options of this one forwarding loop, not
+copies of it: ``--gzip`` compresses like a middleware (``compress.py``),
+and ``python -m streamlab platform`` (``platform.py``) runs it as a
+function platform: an execution limit on the whole exchange, a runtime
+that may buffer the whole response, a bill per request.
+
 The decisions (which headers pass, which mode, where blocks end) are pure
 functions and classes; the asyncio part only moves bytes between them. One
 request per connection: both sides get ``Connection: close``, which keeps
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -38,6 +45,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from . import sse
+from .compress import GZIP_MODES, Gzip, accepts_gzip, no_transform
 
 from .http import (
     BodyReader,
@@ -56,14 +67,18 @@ from .stops import WRITE_FAILED
 
 __all__ = [
     "DEFAULT_BLOCK",
+    "EXECUTION_LIMIT",
     "LOG_PATH",
     "BlockBuffer",
     "Exchange",
     "PassThrough",
     "Proxy",
     "ProxyConfig",
+    "WholeResponse",
     "choose_forwarder",
     "client_response_head",
+    "cut_event",
+    "forwarder_for",
     "is_upgrade",
     "main",
     "serve_proxy",
@@ -141,6 +156,44 @@ class PassThrough:
         return b""
 
 
+class WholeResponse:
+    """Hold the whole response, head included, and send it when it ends: a runtime that buffers.
+
+    Some function runtimes collect what the handler returns and hand it to
+    the platform's front door only when the handler is done: the reader's
+    first event is the answer's end, whatever the handler streamed.
+    """
+
+    label = "whole response"
+    holds_head = True
+
+    def __init__(self) -> None:
+        self._held = bytearray()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._held += data
+        return []
+
+    def finish(self) -> bytes:
+        rest = bytes(self._held)
+        self._held.clear()
+        return rest
+
+
+class Forwarder(Protocol):
+    """What ``_relay_body`` asks of a forwarder: bytes in, bytes to write out, the rest at the end."""
+
+    label: str
+
+    def feed(self, data: bytes) -> list[bytes]: ...
+
+    def finish(self) -> bytes: ...
+
+
 def choose_forwarder(response: Response, *, block: int, honor: bool) -> BlockBuffer | PassThrough:
     """Pick the mode for one response, as nginx does: per response, from its head.
 
@@ -151,6 +204,40 @@ def choose_forwarder(response: Response, *, block: int, honor: bool) -> BlockBuf
     if honor and (response.header("x-accel-buffering") or "").strip().lower() == "no":
         return PassThrough()
     return BlockBuffer(block)
+
+
+def forwarder_for(request: Request, response: Response, config: ProxyConfig) -> Forwarder:
+    """The forwarder for one response, every option of the proxy in one place.
+
+    A buffering runtime holds everything; a compressing hop compresses for a
+    reader that accepts gzip, a body not already encoded, unless it honours
+    the server's ``Cache-Control: no-transform``; else blocks or passthrough.
+    """
+    if config.buffer_response:
+        return WholeResponse()
+    if (
+        config.gzip != "off"
+        and accepts_gzip(request)
+        and response.header("content-encoding") is None
+        and not (config.honor and no_transform(response))
+    ):
+        return Gzip(flush=config.gzip == "flush")
+    if config.block == 1:
+        return PassThrough()  # a block of one byte is no buffering: pass whole reads on, not byte by byte
+    return choose_forwarder(response, block=config.block, honor=config.honor)
+
+
+EXECUTION_LIMIT = "execution_limit"
+
+
+def cut_event(limit: float) -> bytes:
+    """The SSE event a platform that says why it cut writes last: ``event: error`` naming the limit.
+
+    Without it, the reader sees the body simply stop, like any truncation;
+    with it, a client (ours, the official SDKs) reports an error it can name.
+    """
+    error = {"type": EXECUTION_LIMIT, "message": f"the function ran for its limit of {limit:g} s", "limit_s": limit}
+    return sse.encode_event(json.dumps({"error": error}), event="error")
 
 
 # --------------------------------------------------------------------------
@@ -211,19 +298,23 @@ def upstream_request_head(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def client_response_head(response: Response, label: str) -> bytes:
+def client_response_head(response: Response, label: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:
     """The upstream's head as this proxy re-frames it for its client.
 
     The body is written de-chunked and ends when the connection closes
     (``Connection: close``, no ``Transfer-Encoding``); a ``Content-Length``
     survives only if no chunked framing overrode it. ``X-Streamlab-Proxy``
     says which mode the proxy chose. ``X-Accel-Buffering`` is passed on
-    (nginx hides it) so a reader can see that the server asked.
+    (nginx hides it) so a reader can see that the server asked. ``extra``
+    are the forwarder's own (``Content-Encoding: gzip``), which also drop
+    any length: the body changes size on the way.
     """
+    extra = list(extra)
     drop = _hop_by_hop(response.headers)
-    if response.header("transfer-encoding") is not None:
+    if response.header("transfer-encoding") is not None or extra:
         drop.add("content-length")
-    headers = [(_title(name), value) for name, value in response.headers if name not in drop]
+    drop |= {name.lower() for name, _ in extra}
+    headers = [(_title(name), value) for name, value in response.headers if name not in drop] + extra
     if response.status == 101:
         headers += [("Connection", "Upgrade"), ("Upgrade", response.header("upgrade") or "")]
     else:
@@ -252,7 +343,9 @@ class Exchange:
     seconds: float = 0.0
     client_left: bool = False  # the client closed before the upstream finished
     idle_timeout: bool = False  # we cut the upstream after --idle-timeout of silence
+    cut: bool = False  # the platform's execution limit ended it (--max-duration)
     error: str | None = None
+    bill: dict[str, Any] | None = None  # what a platform charges for it (--memory-mb, --price-per-gb-s)
 
     def __post_init__(self) -> None:
         self._started = time.monotonic()  # not a field: the log shows durations, not clocks
@@ -265,8 +358,11 @@ class Exchange:
             if self.first_write_s is None:
                 self.first_write_s = round(time.monotonic() - self._started, 4)
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
     def finish(self) -> None:
-        self.seconds = round(time.monotonic() - self._started, 4)
+        self.seconds = round(self.elapsed(), 4)
 
     def summary(self) -> str:
         notes = [f"{self.upstream_bytes} bytes in, {self.client_bytes} out, {self.writes} writes"]
@@ -274,6 +370,10 @@ class Exchange:
             notes.append("client left: closed upstream")
         if self.idle_timeout:
             notes.append("idle timeout: closed both")
+        if self.cut:
+            notes.append("execution limit: cut")
+        if self.bill:
+            notes.append("billed " + ", ".join(f"{k}={v}" for k, v in self.bill.items()))
         if self.error:
             notes.append(self.error)
         return f"{self.method} {self.target} -> {self.status} {self.mode} in {self.seconds:.2f} s: " + "; ".join(notes)
@@ -298,6 +398,17 @@ class ProxyConfig:
     block: int = DEFAULT_BLOCK
     honor: bool = False
     idle_timeout: float | None = None
+    gzip: str = "off"  # "buffered" or "flush": compress for readers that accept gzip (compress.py)
+    max_duration: float | None = None  # the platform's execution limit on a whole exchange
+    error_event: bool = False  # at the limit, write an SSE error event naming it before closing
+    buffer_response: bool = False  # hold the whole response, head included, until it ends
+    billing: Billing | None = None  # the platform's price list (platform.py)
+
+
+class Billing(Protocol):
+    """A platform's price list: what one exchange of ``seconds`` costs (``platform.Billing``)."""
+
+    def charge(self, seconds: float) -> dict[str, Any]: ...
 
 
 class Proxy:
@@ -361,6 +472,8 @@ class Proxy:
             await self._forward(request, body, reader, writer, exchange)
         finally:
             exchange.finish()
+            if self.config.billing is not None:
+                exchange.bill = self.config.billing.charge(exchange.seconds)
             log.info(exchange.summary())
 
     async def _forward(
@@ -393,9 +506,16 @@ class Proxy:
                 from_client = _read_until_eof(reader)
             client_side = asyncio.create_task(from_client)
             response = asyncio.create_task(self._respond(request, up_reader, writer, exchange))
+            limit = self.config.max_duration
             try:
-                done, _ = await asyncio.wait({client_side, response}, return_when=asyncio.FIRST_COMPLETED)
-                if response not in done:
+                done, _ = await asyncio.wait(
+                    {client_side, response},
+                    timeout=None if limit is None else max(0.0, limit - exchange.elapsed()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    exchange.cut = True  # the platform stops the function, mid-sentence
+                elif response not in done:
                     # The reader left first. Closing the upstream connection
                     # (the finally below) is how the server finds out.
                     exchange.client_left = True
@@ -408,8 +528,24 @@ class Proxy:
                     exchange.client_left = True
                 elif isinstance(result, Exception):
                     log.error("%s %s: %r", request.method, request.target, result)
+            if exchange.cut:
+                await self._cut(writer, exchange)
         finally:
             up_writer.close()
+
+    async def _cut(self, writer: asyncio.StreamWriter, exchange: Exchange) -> None:
+        """The execution limit struck: what the platform's front door tells the reader, if anything.
+
+        Before any byte left (a buffering runtime, or a slow first token) the
+        front door can still answer with an error status; once the stream
+        has started, it can only close it, naming the limit in a last event
+        (``--error-event``) or saying nothing at all.
+        """
+        limit = self.config.max_duration or 0.0
+        if exchange.client_bytes == 0:
+            await _fail(writer, exchange, 504, f"{EXECUTION_LIMIT}: the function ran for its limit of {limit:g} s")
+        elif self.config.error_event:
+            await _write(writer, cut_event(limit), exchange, body=True)
 
     async def _respond(
         self,
@@ -450,16 +586,31 @@ class Proxy:
         writer: asyncio.StreamWriter,
         exchange: Exchange,
     ) -> None:
-        """De-chunk the upstream's body, pass it through the forwarder, write what it releases."""
-        forwarder = choose_forwarder(response, block=self.config.block, honor=self.config.honor)
+        """De-chunk the upstream's body, pass it through the forwarder, write what it releases.
+
+        A forwarder that ``holds_head`` (a buffering runtime) keeps the head
+        too, until its first write: the reader gets nothing, not even a status.
+        """
+        forwarder = forwarder_for(request, response, self.config)
         exchange.mode = forwarder.label
         body = BodyReader(response, request.method)
-        await _write(writer, client_response_head(response, forwarder.label), exchange)
+        head = client_response_head(response, forwarder.label, getattr(forwarder, "headers", ()))
+        held_head = getattr(forwarder, "holds_head", False)
+        if not held_head:
+            await _write(writer, head, exchange)
+
+        async def emit(data: bytes) -> None:
+            nonlocal held_head
+            if held_head:
+                held_head = False
+                await _write(writer, head, exchange)
+            await _write(writer, data, exchange, body=True)
+
         data = rest
         while not body.done:
             for piece in body.feed(data):
                 for block in forwarder.feed(piece):
-                    await _write(writer, block, exchange, body=True)
+                    await emit(block)
             if body.done:
                 break
             data = await self._read_upstream(up_reader, exchange)
@@ -471,7 +622,7 @@ class Proxy:
                     # this cut from a proper end: why SSE needs an end event.
                     exchange.error = str(error)
                     break
-        await _write(writer, forwarder.finish(), exchange, body=True)
+        await emit(forwarder.finish())
 
     async def _read_response_head(
         self, up_reader: asyncio.StreamReader, exchange: Exchange
@@ -584,10 +735,16 @@ async def serve_proxy(
     block: int = DEFAULT_BLOCK,
     honor: bool = False,
     idle_timeout: float | None = None,
+    **options: Any,
 ) -> AsyncIterator[Proxy]:
-    """Run a proxy in this event loop: ``async with serve_proxy(8000) as proxy: ... proxy.url``."""
-    config = ProxyConfig(upstream_port, upstream_host, port, block, honor, idle_timeout)
+    """Run a proxy in this event loop: ``async with serve_proxy(8000) as proxy: ... proxy.url``.
+
+    ``options`` are the rest of ``ProxyConfig`` (``gzip``, ``max_duration``...).
+    """
+    config = ProxyConfig(upstream_port, upstream_host, port, block, honor, idle_timeout, **options)
     BlockBuffer(block)  # refuse a bad block size before listening
+    if config.gzip not in GZIP_MODES:
+        raise ValueError(f"gzip must be one of {GZIP_MODES}")
     proxy = Proxy(config)
     await proxy.start()
     try:
@@ -601,19 +758,29 @@ async def serve_proxy(
 # --------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m streamlab proxy",
-        description="A reverse proxy that forwards response bodies in blocks (on 127.0.0.1).",
-    )
+def build_parser(
+    prog: str = "python -m streamlab proxy",
+    description: str = "A reverse proxy that forwards response bodies in blocks (on 127.0.0.1).",
+    block: int = DEFAULT_BLOCK,
+) -> argparse.ArgumentParser:
+    """The proxy's flags; ``platform.py`` adds its own to the same parser."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--upstream", type=_upstream, required=True, metavar="PORT",
                    help="the server: PORT, HOST:PORT or http://HOST:PORT")
     p.add_argument("--upstream-host", default=None, help="default 127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    p.add_argument("--block", type=int, default=DEFAULT_BLOCK, help="forward bodies in blocks of this many bytes")
-    p.add_argument("--honor", action="store_true", help="pass through responses with 'X-Accel-Buffering: no'")
+    p.add_argument("--block", type=int, default=block, help="forward bodies in blocks of this many bytes")
+    p.add_argument("--honor", action="store_true",
+                   help="pass through responses with 'X-Accel-Buffering: no'; never compress 'no-transform' ones")
     p.add_argument("--idle-timeout", type=float, default=None, metavar="S", help="cut streams silent for S seconds")
+    p.add_argument("--gzip", choices=GZIP_MODES, default="off",
+                   help="compress for readers that accept gzip: buffered (as middlewares do) or with a sync flush per write")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = parser or build_parser()
     args = p.parse_args(argv)
     if args.block < 1:
         p.error("--block must be at least 1")
@@ -635,7 +802,7 @@ def _upstream(text: str) -> tuple[str | None, int]:
         raise argparse.ArgumentTypeError(f"not a port or http://host:port: {text!r}") from None
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
     async with serve_proxy(
         args.upstream,
         upstream_host=args.upstream_host,
@@ -643,6 +810,8 @@ async def _run(args: argparse.Namespace) -> int:
         block=args.block,
         honor=args.honor,
         idle_timeout=args.idle_timeout,
+        gzip=args.gzip,
+        **options,
     ) as proxy:
         await serve_until_signalled(proxy.url, exit_on_stdin_eof=args.exit_on_stdin_eof)
     return 0
@@ -651,8 +820,13 @@ async def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m streamlab proxy --upstream PORT``: run until SIGINT or SIGTERM, then exit 0."""
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="streamlab proxy: %(message)s", stream=sys.stderr)
-    return asyncio.run(_run(args))
+    return run(args, "proxy")
+
+
+def run(args: argparse.Namespace, name: str, **options: Any) -> int:
+    """Serve with parsed ``args`` (and ``ProxyConfig`` ``options`` a variant adds) until signalled."""
+    logging.basicConfig(level=logging.INFO, format=f"streamlab {name}: %(message)s", stream=sys.stderr)
+    return asyncio.run(_run(args, options))
 
 
 if __name__ == "__main__":

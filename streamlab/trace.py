@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +219,9 @@ class ResponseRecorder:
 
     ``feed(data, t)`` takes what one ``recv`` returned and its time;
     ``eof()`` says the server closed. ``done`` turns True once the body is
-    whole; ``raw`` is the body so far, de-chunked.
+    whole; ``raw`` is the body so far, de-chunked and, for a
+    ``Content-Encoding: gzip`` body, decompressed as it comes, as a browser
+    does (``trace.chunks`` keep the bytes as they crossed the wire).
     """
 
     def __init__(self, trace: Trace, method: str = "POST") -> None:
@@ -227,6 +230,7 @@ class ResponseRecorder:
         self.head = ResponseHeadParser()
         self.body: BodyReader | None = None
         self.events: sse.EventStreamParser | None = None
+        self.decoder: Any = None
         self.raw = bytearray()
         self.done = False
 
@@ -243,10 +247,14 @@ class ResponseRecorder:
                 return
             self.trace.got_head(response)
             self.body = BodyReader(response, self.method)
+            if (response.header("content-encoding") or "").strip().lower() in ("gzip", "x-gzip"):
+                self.decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
             if (response.header("content-type") or "").startswith("text/event-stream"):
                 self.events = sse.EventStreamParser()
                 self.trace.way = "stream"
         for piece in self.body.feed(data):
+            if self.decoder is not None:
+                piece = self.decoder.decompress(piece)
             self.raw += piece
             if self.events is not None:
                 self._feed_events(piece, t)
