@@ -29,6 +29,7 @@ engine:
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks
 	$(BIN)/python -m streamlab.browser build/screenshot-mid-stream.png --skip-if-unavailable
+	$(BIN)/python -m streamlab report --screenshot build/screenshot-report.png --skip-if-unavailable
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m streamlab info --tokens 20

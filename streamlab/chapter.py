@@ -1,4 +1,4 @@
-"""Small helpers the chapters share: where things are, showing source, recording figures and runs.
+"""Small helpers the chapters share: where things are, showing source, recording figures and runs, saving charts.
 
 Every chapter records its headline figures to a JSON file named by its
 ``results_path`` parameter, so ``make run`` can print them and the notebook
@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from .figures import save_figures  # noqa: F401 - the chapters' first cell: every figure shown is also saved
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"

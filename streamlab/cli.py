@@ -14,6 +14,7 @@ COMMANDS = {
     "proxy": ("streamlab.proxy", "run the buffering reverse proxy"),
     "platform": ("streamlab.platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
     "run-notebooks": ("streamlab.notebooks", "execute every chapter with papermill into build/"),
+    "report": ("streamlab.report", "write build/report.html: each chapter's headline and key figure"),
     "info": ("streamlab.info", "load the model and print its load time and tokens/second"),
 }
 

@@ -2,9 +2,11 @@
 
 Each chapter runs in a fresh kernel with ``notebooks/`` as its working folder
 (so it does not matter where the command is typed), writes its executed copy to
-``build/notebooks/`` and its figures to ``build/results/``, and this command
+``build/notebooks/``, its recorded figures to ``build/results/`` and its charts
+to ``build/figures/NN_name/`` (``streamlab.figures``), and this command
 prints each chapter's headline line, then each chapter's time and the total
-(also written to ``build/results/timings.json``). The chapters of one run
+(also written to ``build/results/timings.json``), and ends by writing
+``build/report.html`` (``streamlab.report``). The chapters of one run
 share what they measured through ``build/runs/`` (``streamlab.chapter.recorded``):
 each run gets its own ``STREAMLAB_RUN_ID``, so a chapter can say that its data
 was recorded by an earlier chapter *in this run*.
@@ -96,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(timing_table(seconds))
     write_timings(seconds, args.out / "results" / "timings.json", parameters=params)
+    from .report import write_report
+
+    print(f"\nthe run in one page: {write_report(args.out)} (figures in {args.out / 'figures'}/)")
     return 0
 
 
