@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Mapping
 
+from . import client
 from .aio import run_sync
 from .platform import Billing, busy_time
 from .trace import Trace
@@ -26,6 +27,7 @@ __all__ = [
     "NGINX_GZIP_OFF",
     "Bill",
     "after",
+    "asynchronous",
     "gather",
     "seen",
 ]
@@ -128,3 +130,14 @@ class Bill:
     def row(self) -> dict[str, Any]:
         return {"design": self.design, "answers": self.answers, "billed (s)": round(self.billed_s, 3),
                 "GB-s": round(self.gb_s, 3), "cost (USD per 1M such answers)": round(self.cost_usd / self.answers * 1e6, 2)}
+
+
+async def asynchronous(front_port: int, stream_port: int, body: dict[str, Any]) -> tuple[str, Trace]:
+    """The asynchronous design from the reader's side: ``POST /generations`` at the front door, then subscribe.
+
+    The POST (through the platform, ``front_port``) returns the id at once;
+    the reader follows ``/generations/{id}/events`` on the stream service
+    (``stream_port``), where its waiting costs no function any time.
+    """
+    made = await client.create_generation(front_port, body)
+    return made["id"], await client.events(stream_port, made["events"])

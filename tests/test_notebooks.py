@@ -29,6 +29,7 @@ QUICK: dict[str, dict] = {
     "11_serving_many_readers": {"overhead_tokens": 8, "overhead_rounds": 1, "stream_levels": [20], "ws_levels": [20],
                                 "stream_tokens": 10, "load_concurrency": [1, 2], "load_tokens": 6,
                                 "backpressure_duration": 5.0, "backpressure_rate": 600.0},
+    "12_what_else_sits_between": {"max_tokens": 12, "long_tokens": 200, "max_duration": 3.0, "answers": 2},
 }
 
 
@@ -312,3 +313,44 @@ def test_11_serving_many_readers(tmp_path):
     assert free["tokens_generated"] >= bounded["tokens_generated"]
     if free["peak_queued"] > bounded["max_queued"]:  # the buffers filled: the bound held the source back
         assert bounded["waited_s"] > 0
+
+
+def test_12_what_else_sits_between(tmp_path):
+    import json
+
+    f = run_chapter("12_what_else_sits_between", tmp_path)
+    rows = {r["path"]: r for r in f["hop_table"]}
+    stand_ins = {"direct", "stand-in gzip", "stand-in gzip, honours no-transform", "stand-in gzip, sync flush",
+                 "platform limit", "platform limit + error event", "buffering runtime", "streaming runtime"}
+    nginx = {"nginx ignores X-Accel-Buffering", "nginx defaults", "nginx gzip, ignores X-Accel-Buffering", "nginx gzip",
+             *(f"nginx {cache}, {reader}" for cache in ("cache everything", "cache, honouring the origin")
+               for reader in ("first reader", "reconnect after event 5"))}
+    assert set(rows) == stand_ins | (nginx if f["have_nginx"] else set())
+    assert all(set(r) == {"hop", "path", "role", "first event (s)", "end (s)", "pieces", "what the reader saw",
+                          "the one header or setting"} for r in rows.values())
+    assert {r["hop"] for r in rows.values()} >= {"gzip", "platform limit", "buffering runtime"}
+    p = f["paths"]
+    # gzip holds every event until the body ends; each fix streams again
+    assert p["stand-in gzip"]["first_event"] == p["stand-in gzip"]["end"] and p["stand-in gzip"]["complete"]
+    for fix in ("stand-in gzip, sync flush", "stand-in gzip, honours no-transform"):
+        assert p[fix]["first_event"] < p[fix]["end"] and p[fix]["complete"]
+    # the platform's cut: silent, it has no stop reason; named, it says execution_limit
+    assert not p["platform limit"]["complete"] and p["platform limit"]["stop_reason"] is None
+    assert not p["platform limit + error event"]["complete"] and p["platform limit + error event"]["stop_reason"] == "error"
+    assert "execution_limit" in json.dumps(f["cut_error"])
+    # the buffering runtime's first event is its end; the streaming one's is not
+    assert p["buffering runtime"]["first_event"] == p["buffering runtime"]["end"] and p["buffering runtime"]["complete"]
+    assert p["streaming runtime"]["first_event"] < p["streaming runtime"]["end"]
+    # the asynchronous design is billed for the generations, not the readers' wait: less, for the same answers
+    bills = {b["design"]: b for b in f["bills"]}
+    assert bills["asynchronous: POST + worker"]["billed (s)"] < bills["held-open stream"]["billed (s)"]
+    assert f["same_text"]
+    if f["have_nginx"]:
+        assert p["nginx gzip, ignores X-Accel-Buffering"]["first_event"] == p["nginx gzip, ignores X-Accel-Buffering"]["end"]
+        assert p["nginx gzip"]["first_event"] < p["nginx gzip"]["end"]
+        assert "ids from 1" in p["nginx cache everything, reconnect after event 5"]["seen"]  # a replay
+        assert "ids from 6" in p["nginx cache, honouring the origin, reconnect after event 5"]["seen"]  # the server's resume
+    if f["curl"]:
+        curl = {r["curl"]: r for r in f["curl"]}
+        assert curl["direct, curl -N"]["stdout writes"] > 1 and curl["direct, curl without -N"]["stdout writes"] == 1
+        assert curl["stand-in gzip, curl -N --compressed"]["first text (s)"] == curl["stand-in gzip, curl -N --compressed"]["end (s)"]
