@@ -108,6 +108,25 @@ class FigureSaver:
 _active: FigureSaver | None = None
 
 
+def autosave() -> None:
+    """Start saving at a chapter's first chart when its first cell did not call ``save_figures``.
+
+    ``streamlab.plots`` calls this whenever it draws: a chapter (a new one, a
+    student's copy) that never asked still gets its figures saved, into the
+    folder its ``results_path`` parameter names. Outside IPython, or once
+    saving has started, it does nothing.
+    """
+    if _active is not None:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and "results_path" in (shell.user_ns or {}):
+        save_figures(shell.user_ns["results_path"])
+
+
 def save_figures(results_path: str | Path | None = None, chapter: str | None = None) -> FigureSaver | None:
     """Save every figure this notebook shows from now on into the chapter's folder (see the module's docstring).
 

@@ -22,11 +22,14 @@ checks that no two labels overlap and that every axis is labelled.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from .figures import autosave
 
 NOTEBOOK_WIDTH = 9.0  # inches: ~900 px at the notebook's 100 dpi, the width a notebook page shows unscaled
 
@@ -83,6 +86,9 @@ STYLE = {
     "svg.fonttype": "none",  # SVG text stays text: small files, editable on a slide, and quick to write
 }
 plt.rcParams.update(STYLE)
+# Figures here are laid out by matplotlib's constrained layout; a cell that still calls plt.tight_layout() gets
+# tight layout instead, which is as good for one panel: no need to warn the reader about the switch.
+warnings.filterwarnings("ignore", message="The figure layout has changed to tight")
 
 
 def color_of(label: str, index: int = 0) -> str:
@@ -94,6 +100,8 @@ def color_of(label: str, index: int = 0) -> str:
 
 
 def _axes(ax: Any, height: float, width: float = NOTEBOOK_WIDTH) -> Any:
+    """``ax``, or a new one at the notebook's width; and, in a chapter, its figures saved from here on."""
+    autosave()
     if ax is None:
         _, ax = plt.subplots(figsize=(width, height), layout="constrained")
     return ax
@@ -101,6 +109,7 @@ def _axes(ax: Any, height: float, width: float = NOTEBOOK_WIDTH) -> Any:
 
 def figure(rows: int = 1, cols: int = 1, *, height: float = 3.5, **kw: Any) -> tuple[Any, Any]:
     """A figure of ``rows`` x ``cols`` panels at the notebook's width, laid out so no label is cut."""
+    autosave()
     return plt.subplots(rows, cols, figsize=(NOTEBOOK_WIDTH, height), layout="constrained", **kw)
 
 
@@ -120,7 +129,8 @@ def _hbars(ax: Any, ys: Sequence[float], values: Sequence[float], *, height: flo
            labels: Sequence[str], label: str | None = None, **kw: Any) -> Any:
     """Horizontal bars, each with its value written just past its end (readable however short the bar)."""
     bars = ax.barh(ys, values, height=height, color=colors, label=label, **kw)
-    ax.bar_label(bars, labels=list(labels), padding=3, fontsize=8)
+    for text in ax.bar_label(bars, labels=list(labels), padding=3, fontsize=8):
+        text.set_bbox({"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})  # legible over a line
     return bars
 
 
@@ -136,34 +146,41 @@ def _threshold_legend_name(threshold: float, label: str) -> str:
 # -- timelines and time to first text -----------------------------------------------------------
 
 
-def timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When each piece of text arrived") -> Any:
+def timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When each piece of text arrived",
+             ylabel: str = "stream") -> Any:
     """One row per way of delivering: a tick at each text arrival, a bar up to the end.
 
     ``rows`` maps a label to a Trace (anything with ``events`` and ``end``).
     """
     ax = _axes(ax, 1.2 + 0.75 * len(rows))
+    ends = {label: trace.end or max([e.t for e in trace.events if e.kind == "text"] or [0]) for label, trace in rows.items()}
+    span = max([*ends.values(), 1e-9])
+
+    def note(text: str, x: float, y: float, color: str, va: str = "bottom") -> None:
+        # Written from the point towards the middle, so a note near either edge stays inside the axes.
+        ax.annotate(text, (x, y), fontsize=8, color=color, va=va, ha="left" if x < 0.5 * span else "right")
+
     for i, (label, trace) in enumerate(rows.items()):
         y = len(rows) - 1 - i
         color = color_of(label, i)
         times = [e.t for e in trace.events if e.kind == "text" and e.text]
-        end = trace.end or (times[-1] if times else 0)
+        end = ends[label]
         ax.hlines(y, 0, end, color=color, alpha=0.25, linewidth=8)
         ax.vlines(times, y - 0.3, y + 0.3, color=color, linewidth=1)
         if times:
             ax.plot([times[0]], [y], marker="o", color=color, markersize=7)
-        if times and abs(end - times[0]) < 0.02 * max(end, 1e-9):
-            ax.annotate(f"first text = end: {_seconds(times[0])}", (times[0], y + 0.34), fontsize=8, ha="right",
-                        color=color)
+        if times and abs(end - times[0]) < 0.02 * span:
+            note(f"first text = end: {_seconds(times[0])}", times[0], y + 0.34, color)
         else:
             if times:
-                ax.annotate(f"first text {_seconds(times[0])}", (times[0], y + 0.34), fontsize=8, color=color)
-            ax.annotate(f"end {_seconds(end)}", (end, y - 0.34), fontsize=8, ha="right", va="top", color=color)
+                note(f"first text {_seconds(times[0])}", times[0], y + 0.34, color)
+            note(f"end {_seconds(end)}", end, y - 0.34, color, va="top")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(list(rows)[::-1])
     ax.set_ylim(-0.8, len(rows) - 0.2)
     ax.set_xlim(left=0)
     ax.set_xlabel("seconds after the request was sent")
-    ax.set_ylabel("way / hop")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
     return ax
@@ -225,10 +242,14 @@ def gap_ecdf(
     entry says what share of its gaps lie above it, and the longest: a line
     that reaches 100% left of the threshold is a stream no reader notices, and
     a buffering hop shows as few gaps above it, but one as long as the answer. Gaps of ~0 (a buffered
-    burst) are drawn at 1 ms on the log axis.
+    burst) are drawn at 1 ms on the log axis, and the axis says so.
     """
     ax = _axes(ax, 3.8)
-    floor = _FLOOR_MS if log else 0.0
+    every = [v * 1000 for values in gaps_by_label.values() for v in values]
+    # Bursts (pieces read together) have gaps of ~0, which a log axis cannot place: they are drawn at 1 ms. A chart
+    # of sub-millisecond delays keeps its resolution instead (0.01 ms) when most of its values are under 1 ms.
+    floor = 0.0 if not log else (_FLOOR_MS if sum(v < _FLOOR_MS for v in every) * 2 <= len(every) else _FLOOR_MS / 100)
+    clipped = log and any(v < floor for v in every)
     lowest, highest = math.inf, 0.0
     for i, (label, values) in enumerate(gaps_by_label.items()):
         data = sorted(max(v * 1000, floor) for v in values)
@@ -255,7 +276,7 @@ def gap_ecdf(
             ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
         else:
             ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(xlabel + (f"; under {floor:g} ms drawn at {floor:g} ms" if clipped else ""))
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, 101)
     ax.legend(loc="lower right")
@@ -276,12 +297,12 @@ def stall_gaps(stalls: Sequence[Any], *, threshold: float | None = READING_THRES
         if end is not None:
             ax.axvspan(stall.long_sent, end, color=color, alpha=0.12)
     if threshold is not None:
-        ax.axhline(threshold, label=f"a reader notices: {threshold * 1000:.0f} ms", **THRESHOLD_STYLE)
+        ax.axhline(threshold, label=f"a reader notices:\n{threshold * 1000:.0f} ms", **THRESHOLD_STYLE)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("seconds since the reader asked (shaded: the long prompt being read)")
     ax.set_ylabel("gap before the piece (s)")
-    ax.legend(loc="upper right")
+    _legend(ax)
     ax.set_title(title)
     return ax
 

@@ -165,7 +165,8 @@ img { max-width: 100%; height: auto; display: block; margin: 0.5em 0; }
 def render(items: list[Chapter], *, out: Path, timings: dict[str, Any] | None = None) -> str:
     """The page, as one HTML string (key figures inlined; the others linked relative to ``out``)."""
     esc = html.escape
-    total = f", chapters {timings['total']:.0f} s in all" if timings and timings.get("total") else ""
+    total = (f" (the last timed run: {len(timings.get('chapters', {}))} chapters in {timings['total']:.0f} s)"
+             if timings and timings.get("total") else "")
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

@@ -78,6 +78,9 @@ SIZES = [3, 4, 5, 2, 6, 3, 7, 4, 2, 3, 5, 9] * 5
 CHARTS: dict[str, Callable[[], Any]] = {
     "timeline": lambda: plots.timeline({k: trace(f, e, 1 if k == "/complete" else 40) for k, (f, e) in WAYS.items()},
                                        title="First prompt, 40 tokens, three ways"),
+    "timeline, a reconnect that ends at once": lambda: plots.timeline(
+        {"nginx cache, first reader": trace(0.1, 11.0, 20), "nginx cache, reconnect after event 5": trace(0.001, 0.003, 15)},
+        ylabel="path"),
     "ttft_chart": lambda: plots.ttft_chart(WAYS),
     "ttft_chart, the hops of chapter 6": lambda: plots.ttft_chart(DATA["paths"], title="The same stream through each hop"),
     "gap_ecdf": lambda: plots.gap_ecdf({"/stream (SSE)": gaps(0.1, 120, 1, 0.15), "/ws (WebSocket)": gaps(0.1, 120, 2)}),
@@ -89,6 +92,9 @@ CHARTS: dict[str, Callable[[], Any]] = {
     "gap_ecdf, many servers, a schedule": lambda: plots.gap_ecdf(
         {f"{s} (sse)": gaps(0.05, 400, i, 0.02) for i, s in enumerate(("streamlab", "uvicorn+starlette", "uvicorn+sse-starlette"))},
         schedule=0.05, title="Gaps between events, 500 streams at once"),
+    "gap_ecdf, sub-millisecond delays": lambda: plots.gap_ecdf(
+        {"/stream": gaps(0.0008, 32, 6), "/ws": gaps(0.0007, 32, 7)}, threshold=None,
+        title="From piece made to piece received, per piece", xlabel="delay to the client's socket (ms)"),
     "stall_gaps": lambda: plots.stall_gaps(stalls()),
     "paired_bars": lambda: plots.paired_bars(DATA["waits"], "words", ["wait, streaming (s)", "wait, no streaming (s)"],
                                              units="seconds before the first word", value_format="{:.2f} s",
@@ -114,7 +120,7 @@ CHARTS: dict[str, Callable[[], Any]] = {
                                                    threshold=200, title="Time per output token"),
     "backpressure_timeline": lambda: plots.backpressure_timeline(backpressure_series()),
 }
-GAP_CHARTS = [name for name in CHARTS if name.startswith(("gap_ecdf", "stall_gaps"))]
+GAP_CHARTS = [name for name in CHARTS if name.startswith(("gap_ecdf", "stall_gaps")) and "sub-millisecond" not in name]
 
 
 def drawn(make: Callable[[], Any]) -> Any:
@@ -161,6 +167,13 @@ def text_boxes(fig: Any) -> list[tuple[str, Any]]:
     return boxes
 
 
+def outside(fig: Any) -> list[str]:
+    """Text that spills past the figure's edge: the notebook then shows a wider image, shrunk to fit."""
+    frame = fig.bbox
+    return [what for what, box in text_boxes(fig)
+            if box.x0 < frame.x0 - 2 or box.x1 > frame.x1 + 2 or box.y0 < frame.y0 - 2 or box.y1 > frame.y1 + 2]
+
+
 def overlaps(fig: Any) -> list[str]:
     found = []
     for (a, box_a), (b, box_b) in combinations(text_boxes(fig), 2):
@@ -176,6 +189,7 @@ def test_a_chart_can_be_read_at_the_notebooks_width(name):
     fig = drawn(CHARTS[name])
     assert fig.get_figwidth() <= plots.NOTEBOOK_WIDTH + 1e-9, "wider than the notebook: shown shrunk, text and all"
     assert overlaps(fig) == []
+    assert outside(fig) == []
     for ax in fig.axes:
         assert ax.get_xlabel().strip(), f"{name}: an x axis without a label"
         assert ax.get_ylabel().strip(), f"{name}: a y axis without a label"
@@ -200,6 +214,14 @@ def test_the_share_above_the_threshold_is_the_one_measured():
     ax = plots.gap_ecdf({"/stream": values})
     assert plots.share_above(values, plots.READING_THRESHOLD) == 0.3
     assert any(t.get_text() == "/stream: 30% above, longest 0.30 s" for t in ax.get_legend().get_texts())
+    plt.close("all")
+
+
+def test_a_burst_is_drawn_at_1_ms_and_said_so_while_sub_millisecond_delays_keep_their_resolution():
+    burst = drawn(CHARTS["gap_ecdf, a buffered hop"]).axes[0]  # beside streams whose gaps are the model's pace
+    assert min(burst.get_lines()[1].get_xdata()) == 1.0 and "under 1 ms drawn at 1 ms" in burst.get_xlabel()
+    fine = drawn(CHARTS["gap_ecdf, sub-millisecond delays"]).axes[0]
+    assert min(fine.get_lines()[0].get_xdata()) < 1.0 and "drawn at" not in fine.get_xlabel()
     plt.close("all")
 
 

@@ -1,0 +1,62 @@
+"""A chapter's figures are saved as it runs: executed by papermill, as run-notebooks executes a chapter.
+
+Two small notebooks: one that calls ``save_figures(results_path)`` in its first
+cell, and one that never does (a new chapter) and still gets the figures it draws
+with ``streamlab.plots`` saved. Shown by ``plt.show()`` in the middle of a cell
+or at a cell's end, each figure lands once, in order, as PNG and SVG, in
+``figures/<chapter>/`` beside the run's ``results/``, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from streamlab.notebooks import execute
+
+pytestmark = [pytest.mark.notebook]
+
+CELLS = [
+    "import matplotlib.pyplot as plt\nfrom streamlab import plots\n{setup}",
+    'plots.ttft_chart({"/complete": (3.9, 3.9), "/stream (SSE)": (0.24, 4.07)}, title="First text and end")\nplt.show()\nprint("after the figure")',
+    'plots.gap_ecdf({"/stream": [0.1, 0.12, 0.3]}, title="Gaps, shown at the end of the cell");',
+    'fig, ax = plt.subplots()\nax.plot([1, 2])\nax.set_title("Drawn with plt alone")\nax.set_xlabel("x (s)")\nax.set_ylabel("y (s)")\nplt.show()',
+    'from streamlab.chapter import record\nrecord(results_path, "99 figures: done")',
+]
+
+
+def chapter(folder: Path, name: str, setup: str) -> Path:
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                            "language_info": {"name": "python"}})
+    parameters = nbformat.v4.new_code_cell("results_path = None")
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, *(nbformat.v4.new_code_cell(c.replace("{setup}", setup)) for c in CELLS)]
+    path = folder / f"{name}.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.mark.parametrize("setup", ["from streamlab.chapter import save_figures\nsave_figures(results_path)", ""],
+                         ids=["save_figures in the first cell", "a chapter that never asked"])
+def test_every_figure_shown_is_saved_once_in_order(tmp_path, setup):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    out = tmp_path / "run"
+    stale = out / "figures" / "99_figures" / "07-from-an-earlier-run.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    assert execute(chapter(notebooks, "99_figures", setup), out_dir=out, timeout=300)["headline"] == "99 figures: done"
+    saved = sorted(p.name for p in (out / "figures" / "99_figures").iterdir())
+    expected = ["01-first-text-and-end", "02-gaps-shown-at-the-end-of-the-cell", "03-drawn-with-plt-alone"]
+    # Without the call, saving starts at the first plots chart: the plt-only figure after it is saved too.
+    assert saved == sorted(f"{n}.{ext}" for n in expected for ext in ("png", "svg"))
+    png = (out / "figures" / "99_figures" / "01-first-text-and-end.png").read_bytes()
+    executed = json.loads((out / "notebooks" / "99_figures.ipynb").read_text(encoding="utf-8"))
+    shown = [o["data"]["image/png"] for c in executed["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(shown) == 3
+    assert base64.b64decode(shown[0]) == png  # the very PNG the notebook shows, not a second rendering
+    assert sorted(p.name for p in notebooks.iterdir()) == ["99_figures.ipynb"]  # nothing written beside the chapter
