@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = proxy.parse_args(argv, p)
     if args.max_duration <= 0 or args.memory_mb < 1 or args.price_per_gb_s < 0:
         p.error("--max-duration and --memory-mb must be positive, --price-per-gb-s not negative")
+    if args.error_event and args.gzip != "off":
+        p.error("--error-event writes a plain SSE event, which cannot go inside a compressed body: not with --gzip")
     return args
 
 

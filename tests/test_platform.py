@@ -99,6 +99,8 @@ def test_command_line_streams_by_default_and_checks_its_numbers():
         parse_args(["--upstream", "8000", "--max-duration", "0"])
     with pytest.raises(SystemExit):
         parse_args(["--upstream", "8000"])  # a platform without a limit is just a proxy
+    with pytest.raises(SystemExit):
+        parse_args(["--upstream", "8000", "--max-duration", "2", "--error-event", "--gzip", "flush"])
     command = platform_command("--upstream", "1")
     assert command[1:] == ["-m", "streamlab", "platform", "--port", "0", "--exit-on-stdin-eof", "--upstream", "1"]
 
