@@ -82,19 +82,20 @@ def gather(calls: Mapping[str, Awaitable[Any]]) -> dict[str, Any]:
 def seen(trace: Trace) -> str:
     """What the reader saw, in a few words: the verdict of one trace."""
     text = trace.text_events
+    pieces = f"{len(text)} piece{'' if len(text) == 1 else 's'}"
     if trace.status is not None and trace.status >= 400:
         kind = (trace.error or {}).get("message", "") if isinstance(trace.error, dict) else str(trace.error)
         return f"{trace.status}, no text: {kind}"
     if trace.error is not None:
         name = trace.error.get("type") if isinstance(trace.error, dict) else trace.error
-        return f"cut after {len(text)} pieces, error event: {name}"
+        return f"cut after {pieces}, error event: {name}"
     if not (trace.complete or trace.stop_reason):
-        return f"cut after {len(text)} pieces, no end event: looks like any truncation"
+        return f"cut after {pieces}, no end event: looks like any truncation"
     ids = [e.id for e in trace.events if e.id is not None]
     start = f", ids from {ids[0]}" if ids else ""
     if len(text) > 1 and text[-1].t - text[0].t < 0.05 * max(trace.end or 0.0, 1e-9) + 0.01:
-        return f"all {len(text)} pieces at once{start}"
-    return f"streamed {len(text)} pieces{start}"
+        return f"all {pieces} at once{start}"
+    return f"streamed {pieces}{start}"
 
 
 @dataclass
