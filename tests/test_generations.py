@@ -113,7 +113,7 @@ def test_after_the_end_a_reconnect_gets_204_and_a_fresh_reader_a_full_replay(kep
     full = client.events_sync(kept.port, created["events"])
     assert full.status == 200 and full.complete
     assert full.headers["content-type"] == "text/event-stream; charset=utf-8"
-    assert full.headers["cache-control"] == "no-cache, no-transform"
+    assert full.headers["cache-control"] == "no-cache, no-store, no-transform"
     assert full.headers["x-accel-buffering"] == "no"
     assert numbered(full) == list(range(1, len(numbered(full)) + 1))
     end_id = client.last_id(full)

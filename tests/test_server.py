@@ -198,7 +198,7 @@ def test_stream_arrives_piece_by_piece(app):
     trace = client.stream_sync(app.port, "The ferry left the harbor", 30, **EXACT)
     assert trace.status == 200 and trace.complete
     assert trace.headers["content-type"] == "text/event-stream; charset=utf-8"
-    assert trace.headers["cache-control"] == "no-cache, no-transform"
+    assert trace.headers["cache-control"] == "no-cache, no-store, no-transform"
     assert trace.headers["x-accel-buffering"] == "no"
     assert trace.headers["transfer-encoding"] == "chunked"
     assert trace.request_id

@@ -80,8 +80,9 @@ class EventStream:
     async def open(self) -> None:
         headers = [
             ("Content-Type", "text/event-stream; charset=utf-8"),
+            # no-store: no cache may keep it (no-cache alone lets one store it and check back);
             # no-transform: no proxy may compress or rewrite it (gzip buffers ~32 KiB).
-            ("Cache-Control", "no-cache, no-transform"),
+            ("Cache-Control", "no-cache, no-store, no-transform"),
             *self.headers,
         ]
         if self.accel_header:
