@@ -98,7 +98,16 @@ class FigureSaver:
             stem.with_suffix(".png").write_bytes(png)
         else:
             fig.savefig(stem.with_suffix(".png"), bbox_inches="tight")
-        fig.savefig(stem.with_suffix(".svg"), bbox_inches="tight")
+        # The display has just laid the figure out; laying it out again for the SVG would double the time a
+        # chapter spends here, so a figure with a layout engine is written as it stands (nothing spills out).
+        engine = fig.get_layout_engine()
+        if engine is not None:
+            fig.set_layout_engine("none")
+        try:
+            fig.savefig(stem.with_suffix(".svg"), bbox_inches=None if engine is not None else "tight")
+        finally:
+            if engine is not None:
+                fig.set_layout_engine(engine)
         path = stem.with_suffix(".png")
         if path not in self.saved:
             self.saved.append(path)
