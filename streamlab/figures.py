@@ -72,7 +72,7 @@ class FigureSaver:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.names: dict[int, str] = {}
+        self.shown = 0  # figures named so far: the next one's order in the chapter
         self.saved: list[Path] = []
 
     def clear(self) -> None:
@@ -83,10 +83,17 @@ class FigureSaver:
                     old.unlink()
 
     def name(self, fig: Any) -> str:
-        key = id(fig)
-        if key not in self.names:
-            self.names[key] = f"{len(self.names) + 1:02d}-{slug(title_of(fig))}"
-        return self.names[key]
+        """The figure's file name, given the first time it is shown and kept on the figure itself.
+
+        Not a table keyed by ``id(fig)``: a closed figure's id is reused by the
+        next one, which would then overwrite the first's files.
+        """
+        name = getattr(fig, "_streamlab_figure_name", None)
+        if name is None or not name.startswith(f"{self.folder}:"):
+            self.shown += 1
+            name = f"{self.folder}:{self.shown:02d}-{slug(title_of(fig))}"
+            fig._streamlab_figure_name = name
+        return name.rsplit(":", 1)[1]
 
     def save(self, fig: Any, png: bytes | str | None = None) -> Path:
         """Write ``fig`` as PNG (``png``: the bytes already rendered for display) and SVG; return the PNG's path."""

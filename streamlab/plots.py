@@ -57,7 +57,7 @@ COLOR_OF: dict[str, str] = {
     # chapter 9's servers
     "one pass": VERMILLION, "in chunks": GREEN, "no limit": VERMILLION, "--max-active": GREEN,
     # chapter 10's formats
-    "streamlab SSE": BLUE, "OpenAI": ORANGE, "Anthropic": "#8C564B", "text": GREEN, "framing": "#BBBBBB",
+    "streamlab SSE": BLUE, "OpenAI": ORANGE, "Anthropic": "#8C564B", "text bytes": GREEN, "framing": "#BBBBBB",
     # chapter 11: engines, rival servers, backpressure policies
     "threads": ORANGE, "batched": GREEN, "bare loop": GREY, "Generation": BLUE,
     "streamlab": BLUE, "uvicorn+starlette": ORANGE, "sse-starlette": PURPLE, "streamlab-ws": SKY,
@@ -483,7 +483,7 @@ def format_costs(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
     labels = [r["format"] for r in rows][::-1]
     text = [r["text bytes"] for r in rows][::-1]
     framing = [r["bytes on the wire"] - r["text bytes"] for r in rows][::-1]
-    ax.barh(labels, text, color=COLOR_OF["text"], label="text")
+    ax.barh(labels, text, color=COLOR_OF["text bytes"], label="text")
     bars = ax.barh(labels, framing, left=text, color=COLOR_OF["framing"],
                    label="framing (JSON, event names,\nids, chunk sizes, head)")
     ax.bar_label(bars, labels=[f"{r['bytes on the wire']:,} bytes, {r['bytes per text byte']}x the text"

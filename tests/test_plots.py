@@ -11,6 +11,7 @@ too, on a figure it saves outside a notebook.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from itertools import combinations
@@ -253,9 +254,14 @@ def test_figures_are_saved_by_title_in_order_and_a_rerun_replaces_them(tmp_path)
     saver.save(first)
     saver.save(second)
     saver.save(first)  # shown twice: saved under the same name
+    plt.close("all")
+    del first, second
+    gc.collect()  # a new figure may now get a closed one's id: it must still get a name of its own
+    saver.save(drawn(CHARTS["stop_reasons"]))
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["01-time-to-the-first-text-and-to-the-end.png", "01-time-to-the-first-text-and-to-the-end.svg",
-                     "02-how-long-the-reader-waits-between-pieces.png", "02-how-long-the-reader-waits-between-pieces.svg"]
+                     "02-how-long-the-reader-waits-between-pieces.png", "02-how-long-the-reader-waits-between-pieces.svg",
+                     "03-how-each-stream-ended-as-stored.png", "03-how-each-stream-ended-as-stored.svg"]
     assert (folder / names[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert figures.slug("Tokens generated vs delivered: /stream (SSE), µs") == "tokens-generated-vs-delivered-stream-sse-s"
     plt.close("all")
