@@ -4,7 +4,9 @@ Two small notebooks: one that calls ``save_figures(results_path)`` in its first
 cell, and one that never does (a new chapter) and still gets the figures it draws
 with ``streamlab.plots`` saved. Shown by ``plt.show()`` in the middle of a cell
 or at a cell's end, each figure lands once, in order, as PNG and SVG, in
-``figures/<chapter>/`` beside the run's ``results/``, and nowhere else.
+``figures/<chapter>/`` beside the run's ``results/``, and nowhere else. And every
+chapter of the book draws through ``streamlab.plots`` (nothing by hand), so its
+figures share one style and are saved.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import base64
 import json
 from pathlib import Path
 
+import re
+
 import nbformat
 import pytest
 
-from streamlab.notebooks import execute
+from streamlab.notebooks import chapters, execute
 
-pytestmark = [pytest.mark.notebook]
+# Drawing by hand in a chapter: what streamlab.plots is for (one style, readable at the notebook's width).
+BY_HAND = re.compile(r"\.(plot|bar|barh|scatter|hist|step|hlines|vlines|axhline|axvline|annotate|set_xlabel|set_ylabel|"
+                     r"set_title|tight_layout)\(|figsize=")
 
 CELLS = [
     "import matplotlib.pyplot as plt\nfrom streamlab import plots\n{setup}",
@@ -40,6 +46,18 @@ def chapter(folder: Path, name: str, setup: str) -> Path:
     return path
 
 
+@pytest.mark.parametrize("notebook", chapters(), ids=lambda p: p.stem)
+def test_every_chapter_draws_through_plots_and_saves_what_it_shows(notebook):
+    cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code"]
+    code = "\n".join(c.source for c in cells)
+    by_hand = [line.strip() for line in code.splitlines() if BY_HAND.search(line)]
+    assert by_hand == [], f"{notebook.name} draws by hand; move it into streamlab/plots.py"
+    # Saved from the first cell's save_figures call, or else from the first streamlab.plots chart (figures.autosave).
+    draws_with_plots = re.search(r"streamlab\.plots|from streamlab import .*\bplots\b", code)
+    assert "save_figures(results_path)" in code or draws_with_plots, f"{notebook.name}: its figures would not be saved"
+
+
+@pytest.mark.notebook
 @pytest.mark.parametrize("setup", ["from streamlab.chapter import save_figures\nsave_figures(results_path)", ""],
                          ids=["save_figures in the first cell", "a chapter that never asked"])
 def test_every_figure_shown_is_saved_once_in_order(tmp_path, setup):
