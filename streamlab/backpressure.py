@@ -39,12 +39,10 @@ would abort the reader in every run and hide the policy being measured
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 import socket
 import struct
-import sys
 import tempfile
 import termios
 import threading
@@ -213,21 +211,10 @@ def _server(policy: Policy, lm: Any = None, server_args: Sequence[str] = ()) -> 
         with runner.serve(*policy.flags(), "--db", db, *server_args) as running:
             yield running.port
         return
-    from .server import Server, ServerConfig
+    from .runner import serve_in_process
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="backpressure-server", daemon=True)
-    thread.start()
-    server = Server(lm, ServerConfig(port=0, db_path=db, **policy.config()))
-    try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+    with serve_in_process(lm, db_path=db, **policy.config()) as server:
         yield server.port
-    finally:
-        if server._listener is not None:
-            asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def _ours(snapshot: dict[str, Any], reader: SlowReader, route: str) -> tuple[dict | None, dict | None]:

@@ -95,10 +95,15 @@ def figures(traces: Sequence[Any], wall: float) -> dict[str, Any]:
     }
 
 
+def room(concurrency: Sequence[int]) -> int:
+    """Generations the server admits at once: every reader of the largest N (and never fewer than 16)."""
+    return max(16, *concurrency)
+
+
 def serve_args(engine: str, concurrency: Sequence[int]) -> list[str]:
-    """How the server for ``engine`` is started: room for the largest N at once."""
-    room = str(max(16, *concurrency))
-    return ["--engine", engine, "--max-active", room, "--max-connections", str(int(room) + 16)]
+    """How the server process for ``engine`` is started: room for the largest N at once."""
+    n = room(concurrency)
+    return ["--engine", engine, "--max-active", str(n), "--max-connections", str(n + 16)]
 
 
 def run_engine(engine: str, port: int, concurrency: Sequence[int], tokens: int, *,
@@ -118,23 +123,39 @@ def run_engine(engine: str, port: int, concurrency: Sequence[int], tokens: int, 
 
 
 def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engines: Sequence[str] = ENGINES, *,
-            quiet: bool = False, report: Report | None = None) -> Report:
-    """Every engine at every N, side by side: a :class:`Report` named ``load`` (tables, figures, gap samples)."""
+            lm: Any = None, quiet: bool = False, report: Report | None = None) -> Report:
+    """Every engine at every N, side by side: a :class:`Report` named ``load`` (tables, figures, gap samples).
+
+    Each engine gets a server process of its own (``python -m streamlab
+    serve``), or, given ``lm``, a server in this process over that model
+    (:func:`streamlab.runner.serve_in_process`): what a chapter that has
+    the model loaded does, without seconds of starting and loading.
+    """
     report = report or Report("load", params={"concurrency": list(concurrency), "tokens": tokens,
-                                              "engines": list(engines), "threshold_s": READING_THRESHOLD},
+                                              "engines": list(engines), "threshold_s": READING_THRESHOLD,
+                                              "server": "in-process" if lm is not None else "process"},
                               quiet=quiet)
     say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
-    # Every engine's server starts at once (loading the model is seconds of mostly waiting); they
-    # are measured one after the other, so an idle one costs the other nothing.
-    from .chapter import start_servers
+    if lm is not None:
+        from .runner import serve_in_process
 
-    servers = start_servers({engine: serve_args(engine, concurrency) for engine in engines})
-    try:
-        results = {engine: run_engine(engine, servers[engine].port, concurrency, tokens, say=say)
-                   for engine in engines}
-    finally:
-        for server in servers.values():
-            server.stop()
+        results = {}
+        for engine in engines:
+            n = room(concurrency)
+            with serve_in_process(lm, engine=engine, max_active=n, max_connections=n + 16) as server:
+                results[engine] = run_engine(engine, server.port, concurrency, tokens, say=say)
+    else:
+        # Every engine's server starts at once (loading the model is seconds of mostly waiting); they
+        # are measured one after the other, so an idle one costs the other nothing.
+        from .chapter import start_servers
+
+        servers = start_servers({engine: serve_args(engine, concurrency) for engine in engines})
+        try:
+            results = {engine: run_engine(engine, servers[engine].port, concurrency, tokens, say=say)
+                       for engine in engines}
+        finally:
+            for server in servers.values():
+                server.stop()
     report.table("by engine and readers", [
         {"engine": engine, "readers": n, "TTFT p50 (s)": r["ttft_p50_s"], "TTFT p95 (s)": r["ttft_p95_s"],
          "TPOT p50 (ms)": r["tpot_p50_s"] * 1e3, "gap p50 (ms)": r["gap_p50_s"] * 1e3,

@@ -8,9 +8,6 @@ port of 127.0.0.1, and it is always shut down on the way out.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
-import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -19,28 +16,15 @@ try:
 except ImportError:
     FakeLM = None
 
-from streamlab.server import Server, ServerConfig
+from streamlab.runner import serve_in_process
+from streamlab.server import Server
 
 
 @contextmanager
 def serving(lm: Any = None, **config: Any) -> Iterator[Server]:
     """``with serving(max_active=2) as server:`` a started server (``server.port``), stopped afterwards."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="inprocess-server", daemon=True)
-    thread.start()
-    folder = tempfile.mkdtemp(prefix="streamlab-inprocess-")
-    config.setdefault("db_path", os.path.join(folder, "streamlab.db"))
-    server = Server(lm if lm is not None else FakeLM(), ServerConfig(port=0, **config))
-    try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-        server.loop = loop  # type: ignore[attr-defined]  # for tests that must run something on it
+    with serve_in_process(lm if lm is not None else FakeLM(), **config) as server:
         yield server
-    finally:
-        if server._listener is not None:
-            asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(20)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def on_loop(server: Server, coroutine: Any, timeout: float = 10) -> Any:

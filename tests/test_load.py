@@ -53,3 +53,17 @@ def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
     assert [(r["engine"], r["readers"]) for r in rows] == [("threads", 1), ("threads", 2), ("batched", 1), ("batched", 2)]
     assert all(r["complete"] == f"{r['readers']}/{r['readers']}" for r in rows)
     assert set(saved["data"]["gaps"]) == {"threads", "batched"} and len(saved["data"]["gaps"]["batched"]["2"]) > 0
+
+
+@pytest.mark.model
+def test_measure_serves_a_loaded_model_in_process(model_cache):
+    """Given the model (a chapter's), each engine is served in this process: the same rows, no server to start."""
+    from streamlab.load import measure
+    from streamlab.model import load_model
+
+    report = measure([1, 2], 3, lm=load_model(), quiet=True)
+    assert report.params["server"] == "in-process"
+    rows = report.tables["by engine and readers"]
+    assert [(r["engine"], r["readers"]) for r in rows] == [("threads", 1), ("threads", 2), ("batched", 1), ("batched", 2)]
+    assert all(r["complete"] == f"{r['readers']}/{r['readers']}" for r in rows)
+    assert all(len(report.data["gaps"][engine]["2"]) > 0 for engine in ("threads", "batched"))
