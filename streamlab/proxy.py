@@ -107,7 +107,25 @@ HOP_BY_HOP = frozenset(
 # --------------------------------------------------------------------------
 
 
-class BlockBuffer:
+class _Holding:
+    """A forwarder that holds bytes back: what it holds, and the rest handed over when the body ends."""
+
+    def __init__(self) -> None:
+        self._held = bytearray()
+
+    @property
+    def held(self) -> int:
+        """Bytes received but not yet forwarded."""
+        return len(self._held)
+
+    def finish(self) -> bytes:
+        """The body ended: return what is still held (maybe nothing)."""
+        rest = bytes(self._held)
+        self._held.clear()
+        return rest
+
+
+class BlockBuffer(_Holding):
     """Forward a body only in whole blocks: the worst buffering hop.
 
     Bytes are held until ``block`` of them are there; what is left when the
@@ -119,14 +137,9 @@ class BlockBuffer:
     def __init__(self, block: int = DEFAULT_BLOCK) -> None:
         if block < 1:
             raise ValueError("block must be at least 1 byte")
+        super().__init__()
         self.block = block
         self.label = f"buffering block={block}"
-        self._held = bytearray()
-
-    @property
-    def held(self) -> int:
-        """Bytes received but not yet forwarded."""
-        return len(self._held)
 
     def feed(self, data: bytes) -> list[bytes]:
         """Take body bytes; return the full blocks to write now (often none)."""
@@ -135,12 +148,6 @@ class BlockBuffer:
         blocks = [bytes(self._held[i : i + self.block]) for i in range(0, full, self.block)]
         del self._held[:full]
         return blocks
-
-    def finish(self) -> bytes:
-        """The body ended: return the remainder, shorter than a block (maybe empty)."""
-        rest = bytes(self._held)
-        self._held.clear()
-        return rest
 
 
 class PassThrough:
@@ -156,7 +163,7 @@ class PassThrough:
         return b""
 
 
-class WholeResponse:
+class WholeResponse(_Holding):
     """Hold the whole response, head included, and send it when it ends: a runtime that buffers.
 
     Some function runtimes collect what the handler returns and hand it to
@@ -167,21 +174,9 @@ class WholeResponse:
     label = "whole response"
     holds_head = True
 
-    def __init__(self) -> None:
-        self._held = bytearray()
-
-    @property
-    def held(self) -> int:
-        return len(self._held)
-
     def feed(self, data: bytes) -> list[bytes]:
         self._held += data
         return []
-
-    def finish(self) -> bytes:
-        rest = bytes(self._held)
-        self._held.clear()
-        return rest
 
 
 class Forwarder(Protocol):
