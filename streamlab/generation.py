@@ -91,7 +91,7 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int
 
 
 class PieceQueue:
-    """The pieces handed to the event loop and not yet taken: ``asyncio.Queue``'s ``put_nowait``/``get``, plus ``ready()``.
+    """The pieces handed to the event loop and not yet taken: ``put_nowait``, ``get_nowait`` and ``ready()``.
 
     ``ready()`` is a future that is done once an item is there, so that a
     reader can wait for the next piece *or* for a keep-alive to fall due
@@ -128,16 +128,8 @@ class PieceQueue:
             self._waiters.append(waiter)
         return waiter
 
-    async def get(self) -> Any:
-        while not self._items:
-            await self.ready()
-        return self._items.popleft()
-
     def empty(self) -> bool:
         return not self._items
-
-    def qsize(self) -> int:
-        return len(self._items)
 
 
 class PieceSource:

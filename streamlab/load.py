@@ -139,9 +139,8 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
     if lm is not None:
         from .runner import serve_in_process
 
-        results = {}
+        results, n = {}, room(concurrency)
         for engine in engines:
-            n = room(concurrency)
             with serve_in_process(lm, engine=engine, max_active=n, max_connections=n + 16) as server:
                 results[engine] = run_engine(engine, server.port, concurrency, tokens, say=say)
     else:
