@@ -28,7 +28,7 @@ engine:
 
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks
-	$(BIN)/python -m streamlab.browser build/screenshot-mid-stream.png --skip-if-unavailable
+	$(BIN)/python -m streamlab.lab.browser build/screenshot-mid-stream.png --skip-if-unavailable
 	$(BIN)/python -m streamlab report --screenshot build/screenshot-report.png --skip-if-unavailable
 
 test: $(STAMP) system-deps
@@ -38,7 +38,7 @@ test: $(STAMP) system-deps
 # Every benchmark in benchmarks/, side by side, its figures and ratios printed and kept in build/bench/*.json,
 # then one summary of every target. Timings belong here, never in the tests (the machines are shared and noisy).
 bench: $(STAMP)
-	$(BIN)/python -m streamlab.bench run
+	$(BIN)/python -m streamlab.book.bench run
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
@@ -51,4 +51,4 @@ clean:
 
 # The exercises for students: notebooks (outputs cleared) and README, without the solutions folder.
 exercises: $(STAMP)
-	$(BIN)/python -m streamlab.grading --student-copy build/exercises
+	$(BIN)/python -m streamlab.book.grading --student-copy build/exercises

@@ -33,7 +33,7 @@ import argparse
 import sys
 from typing import Any
 
-from streamlab.backpressure import (
+from streamlab.lab.backpressure import (
     DEMO_QUEUE,
     DEMO_TIMEOUT,
     DURATION,
@@ -47,7 +47,7 @@ from streamlab.backpressure import (
     report,
     run,
 )
-from streamlab.bench import Report
+from streamlab.book.bench import Report
 
 SCRIPTED_RATE = 150.0  # tokens/s: ~40 KB/s of OpenAI events against a 1 KB/s reader
 SCRIPTED_DURATION = 20.0  # seconds per policy: the buffers fill in ~5 s at that rate

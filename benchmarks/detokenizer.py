@@ -20,9 +20,9 @@ from typing import Callable
 
 from tokenizers.decoders import DecodeStream
 
-from streamlab.bench import Report
-from streamlab.detokenizer import Detokenizer, FullDecodeDetokenizer, NaiveDetokenizer
-from streamlab.model import load_tokenizer
+from streamlab.book.bench import Report
+from streamlab.model.detokenizer import Detokenizer, FullDecodeDetokenizer, NaiveDetokenizer
+from streamlab.model.loading import load_tokenizer
 
 TEXT = (
     "Con vẹt 🦜 nói: mô hình sinh văn bản từng token một 🫠. The keeper climbed the stairs "

@@ -9,15 +9,15 @@ output token (median), gaps between pieces (p50, p99, max, share above the
 0.2 s reading threshold), total tokens/s; the ratio
 ``batched_vs_threads_tokens_per_s_at_8`` against the target ≥ 1. The gap and
 TTFT samples are kept in the report's data for charts. See
-:mod:`streamlab.load`. At the default size it takes ~5 minutes on 2 cores.
+:mod:`streamlab.lab.load`. At the default size it takes ~5 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from streamlab.bench import Report
-from streamlab.load import CONCURRENCY, ENGINES, TOKENS, measure
+from streamlab.book.bench import Report
+from streamlab.lab.load import CONCURRENCY, ENGINES, TOKENS, measure
 
 
 def numbers(text: str) -> list[int]:

@@ -3,11 +3,11 @@
     python benchmarks/many_streams.py [--levels 100,1000,5000] [--ws 1000] [--tokens 60] [--rate 20] [--tiny]
 
 No model: every server streams the same *scripted source* (``python -m
-streamlab serve --scripted-rate 20``; the rivals of ``streamlab.rivals`` serve
+streamlab serve --scripted-rate 20``; the rivals of ``streamlab.lab.rivals`` serve
 the very same class), a fixed text at 20 tokens/s, so what is measured is the
 server. At each level N, N streams of ``--tokens`` tokens start spread over
 ``--spread`` seconds, driven from a separate process (``python -m
-streamlab.many_streams drive``) that notes every event's arrival. Each server
+streamlab.lab.many_streams drive``) that notes every event's arrival. Each server
 runs in a fresh process per level (memory once taken stays with a Python
 process). Per run: events delivered per second while all N are open (the
 schedule asks N x rate), the gaps between a stream's events (p50, p99, against
@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from streamlab.bench import Report
-from streamlab.many_streams import SSE_SERVERS, WS_SERVERS, compare, table
+from streamlab.book.bench import Report
+from streamlab.lab.many_streams import SSE_SERVERS, WS_SERVERS, compare, table
 from streamlab.server.scripted import scripted_name
 
 KEYS = {"streamlab": "streamlab", "streamlab-ws": "streamlab", "uvicorn+starlette": "starlette",

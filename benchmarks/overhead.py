@@ -9,16 +9,16 @@ same prompt over ``/stream`` and ``/ws`` to a client in another process, and
 each piece's delay from being made to being received is measured. Targets
 (issue 11): first token within 10 ms of the bare loop, tokens/s within 5%
 (sampling and detokenizing included), server overhead median < 1 ms and
-p99 < 5 ms at one stream. See :mod:`streamlab.overhead` for how.
+p99 < 5 ms at one stream. See :mod:`streamlab.lab.overhead` for how.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from streamlab.bench import Report
-from streamlab.model import load_model
-from streamlab.overhead import model_overhead, server_overhead
+from streamlab.book.bench import Report
+from streamlab.model.loading import load_model
+from streamlab.lab.overhead import model_overhead, server_overhead
 
 
 def main(argv: list[str] | None = None) -> Report:

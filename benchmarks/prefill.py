@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from streamlab.bench import Report
-from streamlab.generation import PREFILL_CHUNK, Generation
-from streamlab.model import FairLock, load_model
+from streamlab.book.bench import Report
+from streamlab.model.generation import PREFILL_CHUNK, Generation
+from streamlab.model.loading import FairLock, load_model
 
 TEXT = (
     "The keeper of the lighthouse wrote in his log every evening: the weather, the ships that "

@@ -11,11 +11,11 @@ import sys
 
 COMMANDS = {
     "serve": ("streamlab.server", "run the model server (/complete, /stream, /ws)"),
-    "proxy": ("streamlab.proxy", "run the buffering reverse proxy"),
-    "platform": ("streamlab.platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
-    "run-notebooks": ("streamlab.notebooks", "execute every chapter with papermill into build/"),
-    "report": ("streamlab.report", "write build/report.html: each chapter's headline and key figure"),
-    "info": ("streamlab.info", "load the model and print its load time and tokens/second"),
+    "proxy": ("streamlab.hops.proxy", "run the buffering reverse proxy"),
+    "platform": ("streamlab.hops.function_platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
+    "run-notebooks": ("streamlab.book.notebooks", "execute every chapter with papermill into build/"),
+    "report": ("streamlab.book.report", "write build/report.html: each chapter's headline and key figure"),
+    "info": ("streamlab.lab.info", "load the model and print its load time and tokens/second"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from streamlab import runner
+from streamlab.lab import runner
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,7 +39,7 @@ def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def model_cache() -> None:
     """Convert the embedded model once, before any server needs it (unless another model is set)."""
     if not os.environ.get("STREAMLAB_MODEL"):
-        from streamlab.model import convert_embedded
+        from streamlab.model.loading import convert_embedded
 
         convert_embedded()
 
@@ -105,7 +105,7 @@ class InProcess:
         self.url = f"http://127.0.0.1:{server.port}"
 
     def logs(self) -> list[dict]:
-        from streamlab import client
+        from streamlab.client import timed as client
 
         return client.get_json_sync(self.port, "/log")
 

@@ -23,7 +23,7 @@ The pieces, and why they look the way they do:
   temperature / top-p / repetition-penalty setting pick the same token. After
   the script comes EOS; a generation with ``ignore_eos`` feeds that EOS back,
   and the script starts again.
-- :class:`FakeLM`: the attributes of ``streamlab.model.LoadedModel`` that
+- :class:`FakeLM`: the attributes of ``streamlab.model.loading.LoadedModel`` that
   ``Generation`` and the server use, with the real :class:`FairLock`.
 
 Where the answer starts. All state lives in the cache, one per generation, so
@@ -52,7 +52,7 @@ from typing import Any, Sequence
 
 import torch
 
-from streamlab.model import FairLock
+from streamlab.model.loading import FairLock
 
 EOS_ID = 256
 ASSISTANT_ID = 257
@@ -231,7 +231,7 @@ class ScriptedModel(torch.nn.Module):
 
 
 class FakeLM:
-    """Stands in for ``streamlab.model.LoadedModel``: no weights, answers ``script``.
+    """Stands in for ``streamlab.model.loading.LoadedModel``: no weights, answers ``script``.
 
     Built in microseconds. ``prefill_seconds_per_token`` and ``decode_seconds``
     make it as slow as a real model where a test needs time to pass (a stop

@@ -20,19 +20,19 @@ import pytest
 
 from fakes import FakeLM
 from inprocess import serving
-from streamlab import client
-from streamlab.backlog import Backlog
-from streamlab.bench import parse_line
-from streamlab.generation import Generation, GenerationResult, Piece, PieceQueue, PieceSource
+from streamlab.client import timed as client
+from streamlab.model.backlog import Backlog
+from streamlab.book.bench import parse_line
+from streamlab.model.generation import Generation, GenerationResult, Piece, PieceQueue, PieceSource
 from streamlab.server.anthropic_api import MessagesFormat
 from streamlab.server.config import MAX_QUEUED, SLOW_READER_TIMEOUT, config_from_args, parse_args
 from streamlab.server.formats import StreamlabFormat
 from streamlab.server.jobs import Job, LogRecord
 from streamlab.server.openai_api import ChatCompletionFormat
 from streamlab.server.upstream import UpstreamGeneration
-from streamlab.stops import INCOMPLETE_REASONS, MAX_TOKENS, SLOW_READER, STOP_REASONS, STOPPED, stop_reason_for
-from streamlab.store import CUT_OFF_WORDS
-from streamlab.trace import ResponseRecorder, Trace
+from streamlab.protocol.endings import INCOMPLETE_REASONS, MAX_TOKENS, SLOW_READER, STOP_REASONS, STOPPED, stop_reason_for
+from streamlab.server.store import CUT_OFF_WORDS
+from streamlab.client.trace import ResponseRecorder, Trace
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -358,7 +358,7 @@ def test_the_relay_reads_no_further_from_its_upstream_while_its_reader_is_behind
 
 
 def test_the_benchmark_runs_at_its_tiny_size_and_its_lines_parse(tmp_path, capsys, monkeypatch):
-    from streamlab import bench
+    from streamlab.book import bench
 
     monkeypatch.setattr(bench, "BENCH_DIR", tmp_path)
     spec = importlib.util.spec_from_file_location("backpressure_benchmark", bench.SCRIPTS / "backpressure.py")

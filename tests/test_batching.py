@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from streamlab.aio import run_sync
-from streamlab.batching import MAX_HOLES, BatchedEngine, can_batch
-from streamlab.generation import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED, Generation, encode_prompt
+from streamlab.net.aio import run_sync
+from streamlab.model.batching import MAX_HOLES, BatchedEngine, can_batch
+from streamlab.model.generation import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED, Generation, encode_prompt
 
 model = pytest.mark.model
 
@@ -228,7 +228,7 @@ def test_the_engine_flag():
 def test_a_model_that_cannot_be_batched_runs_threads_whatever_the_config():
     from fakes import FakeLM
     from inprocess import serving
-    from streamlab import client
+    from streamlab.client import timed as client
 
     with serving(FakeLM("Hello, world!"), engine="batched") as server:
         trace = client.stream_sync(server.port, "hi", 50)
@@ -239,7 +239,7 @@ def test_a_model_that_cannot_be_batched_runs_threads_whatever_the_config():
 @model
 def test_the_server_streams_from_the_batch(lm):
     from inprocess import serving
-    from streamlab import client
+    from streamlab.client import timed as client
 
     async def readers(port):
         return await asyncio.gather(

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from streamlab import bench
-from streamlab.bench import Report, parse_line, summary
+from streamlab.book import bench
+from streamlab.book.bench import Report, parse_line, summary
 
 
 def test_lines_round_trip_with_targets_and_verdicts(tmp_path, capsys):

@@ -24,8 +24,9 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab import browser, runner
-from streamlab.client import fetch_sync, get_json_sync
+from streamlab.lab import browser
+from streamlab.lab import runner
+from streamlab.client.timed import fetch_sync, get_json_sync
 from streamlab.server import guards
 
 REASON = browser.unavailable_reason()

@@ -1,4 +1,4 @@
-"""Tests for streamlab.client: the timing client against scripted fake servers, and one real one.
+"""Tests for streamlab.client.timed: the timing client against scripted fake servers, and one real one.
 
 The Trace it fills, and the recorders that parse what it reads, are tested in test_trace.py.
 """
@@ -12,10 +12,11 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from streamlab import client, sse
-from streamlab import websocket as ws
-from streamlab import trace as trace_mod
-from streamlab.client import Trace
+from streamlab.client import timed as client
+from streamlab.protocol import sse
+from streamlab.protocol import websocket as ws
+from streamlab.client import trace as trace_mod
+from streamlab.client.timed import Trace
 
 pytestmark = pytest.mark.timeout(120)
 

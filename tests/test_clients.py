@@ -1,6 +1,6 @@
 """Clients nobody here wrote, against the server's routes, in process over the fake model.
 
-``streamlab.client`` parses with the same sans-IO modules the server writes
+``streamlab.client.timed`` parses with the same sans-IO modules the server writes
 with, so a mistake made on both sides would pass every test of ours. Here the
 readers are other people's: ``websockets`` and ``wsproto`` on ``/ws``;
 ``httpx`` with ``httpx-sse`` on both SSE routes; the npm ``eventsource``
@@ -37,8 +37,10 @@ import pytest
 from httpx_sse import connect_sse
 
 from fakes import DEFAULT_SCRIPT
-from streamlab import browser, client, sse
-from streamlab import websocket as ws
+from streamlab.lab import browser
+from streamlab.client import timed as client
+from streamlab.protocol import sse
+from streamlab.protocol import websocket as ws
 from streamlab.server.config import MAX_BODY, MAX_WS_MESSAGE, RETRY_MS
 
 pytestmark = pytest.mark.timeout(60)

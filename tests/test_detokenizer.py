@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamlab.detokenizer import (
+from streamlab.model.detokenizer import (
     MAX_HOLD_TOKENS,
     REPLACEMENT,
     Detokenizer,
@@ -15,7 +15,7 @@ from streamlab.detokenizer import (
     broken_pieces,
     detokenize,
 )
-from streamlab.model import load_tokenizer
+from streamlab.model.loading import load_tokenizer
 
 SENTENCE = "Con vẹt 🦜 nói: mô hình sinh văn bản từng token một 🫠"
 # Characters that split across tokens in many ways: emoji with skin tones and
@@ -74,7 +74,7 @@ def test_random_ids_join_to_full_decode(tok, ids):
        text=st.text(alphabet=ALPHABET, max_size=30))
 def test_reusing_the_sent_piece_as_context_changes_nothing(tok, ids, text):
     """One decode per token (the piece kept as the next context) gives the very pieces two decodes give."""
-    from streamlab.detokenizer import joins_bytes
+    from streamlab.model.detokenizer import joins_bytes
 
     assert joins_bytes(tok)  # the default tokenizer is byte-level: the fast path is the one tested
     mixed = ids_of(tok, text) + ids if text else ids
@@ -102,8 +102,8 @@ def test_agrees_with_decode_stream(tok, text):
 def test_model_generated_ids(tok):
     """Ids a real model sampled at a high temperature, where odd byte runs are common."""
     from streamlab import load_model
-    from streamlab.generation import Generation
-    from streamlab.aio import run_sync
+    from streamlab.model.generation import Generation
+    from streamlab.net.aio import run_sync
 
     lm = load_model()
     for seed, prompt in enumerate(["Écris une phrase avec des emoji 🎉", "用中文写一句话", "Tell a story 🦜"]):

@@ -1,4 +1,4 @@
-"""llama.cpp's OpenAI-compatible server over the default model's GGUF (streamlab.engine).
+"""llama.cpp's OpenAI-compatible server over the default model's GGUF (streamlab.lab.llamacpp).
 
 The engine lives in .venv-engine (``make engine`` compiles it); without it, or
 without the GGUF, the tests that run it skip and say why. One server is shared
@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from streamlab.engine import CHAT_FORMAT, LlamaServer, llama_server_command, unavailable_reason
+from streamlab.lab.llamacpp import CHAT_FORMAT, LlamaServer, llama_server_command, unavailable_reason
 
 pytestmark = pytest.mark.timeout(60)
 REASON = unavailable_reason()

@@ -21,8 +21,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from streamlab import grading
-from streamlab.grading import (
+from streamlab.book import grading
+from streamlab.book.grading import (
     EXERCISES,
     SOLUTIONS,
     CountingTokenizer,
@@ -163,7 +163,7 @@ def test_counting_tokenizer_counts_every_way_of_decoding():
 
 def test_the_library_detokenizer_stays_within_the_window_the_check_allows():
     """The exercise's bound (16 ids per decode call) is one the course's own detokenizer meets."""
-    from streamlab.detokenizer import Detokenizer
+    from streamlab.model.detokenizer import Detokenizer
 
     counting = CountingTokenizer(FakeTokenizer())
     detok = Detokenizer(counting)
@@ -295,7 +295,7 @@ def test_make_exercises_builds_the_student_copy():
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^\.PHONY:.*\bexercises\b", makefile, re.M)
     dry = subprocess.run(["make", "-n", "exercises"], cwd=REPO, capture_output=True, text=True, check=True)
-    assert "-m streamlab.grading --student-copy build/exercises" in dry.stdout
+    assert "-m streamlab.book.grading --student-copy build/exercises" in dry.stdout
 
 
 def test_cli_student_copy(tmp_path, capsys):

@@ -2,10 +2,10 @@
 
 Two small notebooks: one that calls ``save_figures(results_path)`` in its first
 cell, and one that never does (a new chapter) and still gets the figures it draws
-with ``streamlab.plots`` saved. Shown by ``plt.show()`` in the middle of a cell
+with ``streamlab.book.plots`` saved. Shown by ``plt.show()`` in the middle of a cell
 or at a cell's end, each figure lands once, in order, as PNG and SVG, in
 ``figures/<chapter>/`` beside the run's ``results/``, and nowhere else. And every
-chapter of the book draws through ``streamlab.plots`` (nothing by hand), so its
+chapter of the book draws through ``streamlab.book.plots`` (nothing by hand), so its
 figures share one style and are saved.
 """
 
@@ -20,9 +20,9 @@ import re
 import nbformat
 import pytest
 
-from streamlab.notebooks import chapters, execute
+from streamlab.book.notebooks import chapters, execute
 
-# Drawing by hand in a chapter: what streamlab.plots is for (one style, readable at the notebook's width).
+# Drawing by hand in a chapter: what streamlab.book.plots is for (one style, readable at the notebook's width).
 BY_HAND = re.compile(r"\.(plot|bar|barh|scatter|hist|step|hlines|vlines|axhline|axvline|annotate|set_xlabel|set_ylabel|"
                      r"set_title|tight_layout)\(|figsize=")
 
@@ -31,7 +31,7 @@ CELLS = [
     'plots.ttft_chart({"/complete": (3.9, 3.9), "/stream (SSE)": (0.24, 4.07)}, title="First text and end")\nplt.show()\nprint("after the figure")',
     'plots.gap_ecdf({"/stream": [0.1, 0.12, 0.3]}, title="Gaps, shown at the end of the cell");',
     'fig, ax = plt.subplots()\nax.plot([1, 2])\nax.set_title("Drawn with plt alone")\nax.set_xlabel("x (s)")\nax.set_ylabel("y (s)")\nplt.show()',
-    'from streamlab.chapter import record\nrecord(results_path, "99 figures: done")',
+    'from streamlab.book.chapter import record\nrecord(results_path, "99 figures: done")',
 ]
 
 
@@ -52,13 +52,13 @@ def test_every_chapter_draws_through_plots_and_saves_what_it_shows(notebook):
     code = "\n".join(c.source for c in cells)
     by_hand = [line.strip() for line in code.splitlines() if BY_HAND.search(line)]
     assert by_hand == [], f"{notebook.name} draws by hand; move it into streamlab/plots.py"
-    # Saved from the first cell's save_figures call, or else from the first streamlab.plots chart (figures.autosave).
+    # Saved from the first cell's save_figures call, or else from the first streamlab.book.plots chart (figures.autosave).
     draws_with_plots = re.search(r"streamlab\.plots|from streamlab import .*\bplots\b", code)
     assert "save_figures(results_path)" in code or draws_with_plots, f"{notebook.name}: its figures would not be saved"
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("setup", ["from streamlab.chapter import save_figures\nsave_figures(results_path)", ""],
+@pytest.mark.parametrize("setup", ["from streamlab.book.chapter import save_figures\nsave_figures(results_path)", ""],
                          ids=["save_figures in the first cell", "a chapter that never asked"])
 def test_every_figure_shown_is_saved_once_in_order(tmp_path, setup):
     notebooks = tmp_path / "notebooks"

@@ -24,8 +24,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamlab import sse
-from streamlab.http import (
+from streamlab.protocol import sse
+from streamlab.protocol.http_head import (
     LAST_CHUNK,
     ChunkedDecoder,
     HTTPError,
@@ -33,7 +33,7 @@ from streamlab.http import (
     ResponseHeadParser,
     encode_chunk,
 )
-from streamlab.websocket import Connection, FrameDecoder, Opcode, ProtocolError, encode_frame
+from streamlab.protocol.websocket import Connection, FrameDecoder, Opcode, ProtocolError, encode_frame
 
 FUZZ = settings(
     max_examples=150,

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from fakes import ASSISTANT_ID, EOS_ID, ByteTokenizer, FakeLM
-from streamlab.aio import run_sync
-from streamlab.detokenizer import NaiveDetokenizer, broken_pieces, detokenize
-from streamlab.generation import (
+from streamlab.net.aio import run_sync
+from streamlab.model.detokenizer import NaiveDetokenizer, broken_pieces, detokenize
+from streamlab.model.generation import (
     EOS,
     ERROR,
     MAX_TOKENS,
@@ -27,7 +27,7 @@ from streamlab.generation import (
     encode_prompt,
     generate_text,
 )
-from streamlab.model import FairLock, LoadedModel
+from streamlab.model.loading import FairLock, LoadedModel
 
 SCRIPT = "Hello 🦜 world"
 
@@ -429,7 +429,7 @@ def test_real_model_chunked_prefill_gives_the_same_greedy_answer(real_lm):
 
 # -- stop sequences ------------------------------------------------------------
 
-from streamlab.stop_sequences import StopSequences  # noqa: E402
+from streamlab.model.stop_sequences import StopSequences  # noqa: E402
 
 
 def test_stop_sequence_split_across_pieces_is_held_back_then_cut():

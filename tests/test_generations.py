@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import client, sse
+from streamlab.client import timed as client
+from streamlab.protocol import sse
 from streamlab.server import responses as server_module
 from streamlab.server import Server, ServerConfig
 

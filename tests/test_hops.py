@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from streamlab import client, hops
-from streamlab.compress import Gzip, accepts_gzip, compressed_sizes, no_transform
-from streamlab.curl import curl_available, curl_stream
-from streamlab.http import Request, RequestHeadParser, Response
-from streamlab.nginx import CACHE_STATUS, find_nginx, run_nginx, write_config
-from streamlab.proxy import PassThrough, ProxyConfig, WholeResponse, client_response_head, forwarder_for, serve_proxy
-from streamlab.trace import ResponseRecorder, Trace, TraceEvent
+from streamlab.client import timed as client
+from streamlab.lab import between as hops
+from streamlab.hops.compress import Gzip, accepts_gzip, compressed_sizes, no_transform
+from streamlab.lab.curl import curl_available, curl_stream
+from streamlab.protocol.http_head import Request, RequestHeadParser, Response
+from streamlab.hops.nginx import CACHE_STATUS, find_nginx, run_nginx, write_config
+from streamlab.hops.proxy import PassThrough, ProxyConfig, WholeResponse, client_response_head, forwarder_for, serve_proxy
+from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent
 
 needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed (apt-get install nginx-light)")
 pytestmark = pytest.mark.timeout(60)

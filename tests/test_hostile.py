@@ -1,6 +1,6 @@
 """A stranger at the door: every refusal of chapter 9, the deadlines, the caps, in process over a fake model.
 
-Each row of ``streamlab.strangers.CASES`` is the chapter's refusal table; here
+Each row of ``streamlab.lab.strangers.CASES`` is the chapter's refusal table; here
 every one is asserted, and after each a normal stream must still succeed.
 """
 
@@ -18,8 +18,9 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab import client, strangers
-from streamlab import websocket as ws
+from streamlab.client import timed as client
+from streamlab.lab import strangers
+from streamlab.protocol import websocket as ws
 
 pytestmark = pytest.mark.timeout(120)
 OK = {"prompt": "Hi", "max_tokens": 4, "chat": False}

@@ -1,6 +1,6 @@
-"""Tests for streamlab.http: request heads, response heads, writing responses.
+"""Tests for streamlab.protocol.http_head: request heads, response heads, writing responses.
 
-Chunked framing and body reading (streamlab.http_body) are in test_http_body.py.
+Chunked framing and body reading (streamlab.protocol.http_body) are in test_http_body.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from streamlab.http import (
+from streamlab.protocol.http_head import (
     LAST_CHUNK,
     MAX_CONTENT_LENGTH,
     BodyReader,
@@ -594,12 +594,14 @@ def test_response_head_too_large_is_502():
 
 
 # --------------------------------------------------------------------------
-# Names that moved out of streamlab.http are still importable from it
+# Names that moved out of streamlab.protocol.http_head are still importable from it
 # --------------------------------------------------------------------------
 
 
 def test_moved_names_stay_importable_from_http():
-    from streamlab import http, http_body, http_fields
+    from streamlab.protocol import http_head as http
+    from streamlab.protocol import http_body
+    from streamlab.protocol import http_fields
 
     moved = {
         "LAST_CHUNK": LAST_CHUNK,

@@ -1,4 +1,4 @@
-"""Tests for streamlab.http_body: chunked framing, reading bodies to their end."""
+"""Tests for streamlab.protocol.http_body: chunked framing, reading bodies to their end."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.http import (
+from streamlab.protocol.http_head import (
     HTTPError,
     Request,
     RequestHeadParser,
@@ -14,7 +14,7 @@ from streamlab.http import (
     parse_response_head,
     response_head,
 )
-from streamlab.http_body import LAST_CHUNK, BodyReader, ChunkedDecoder, IncompleteBody, encode_chunk
+from streamlab.protocol.http_body import LAST_CHUNK, BodyReader, ChunkedDecoder, IncompleteBody, encode_chunk
 
 SIMPLE_GET = b"GET /stream?prompt=hi HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept: */*\r\n\r\n"
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from streamlab import bench
-from streamlab.bench import parse_line
-from streamlab.load import READING_THRESHOLD, figures
-from streamlab.trace import Trace, TraceEvent
+from streamlab.book import bench
+from streamlab.book.bench import parse_line
+from streamlab.lab.load import READING_THRESHOLD, figures
+from streamlab.client.trace import Trace, TraceEvent
 
 
 def trace(sent: float, times: list[float], tokens: int) -> Trace:
@@ -58,8 +58,8 @@ def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
 @pytest.mark.model
 def test_measure_serves_a_loaded_model_in_process(model_cache):
     """Given the model (a chapter's), each engine is served in this process: the same rows, no server to start."""
-    from streamlab.load import measure
-    from streamlab.model import load_model
+    from streamlab.lab.load import measure
+    from streamlab.model.loading import load_model
 
     report = measure([1, 2], 3, lm=load_model(), quiet=True)
     assert report.params["server"] == "in-process"

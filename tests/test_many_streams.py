@@ -17,12 +17,12 @@ import time
 import pytest
 
 from inprocess import serving
-from streamlab import client
-from streamlab.bench import SCRIPTS, parse_line
-from streamlab.many_streams import StreamReading, percentile, summarize
+from streamlab.client import timed as client
+from streamlab.book.bench import SCRIPTS, parse_line
+from streamlab.lab.many_streams import StreamReading, percentile, summarize
 from streamlab.server.engines import engine_for
 from streamlab.server.scripted import ScriptedEngine, ScriptedGeneration, script_text
-from streamlab.stops import MAX_TOKENS, STOP_SEQUENCE, STOPPED
+from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
 
 def test_pieces_come_on_an_absolute_schedule():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import model as model_mod
-from streamlab.model import ModelError, convert_embedded, load_model, pick_device, resolve_model
+from streamlab.model import loading as model_mod
+from streamlab.model.loading import ModelError, convert_embedded, load_model, pick_device, resolve_model
 
 
 def fake_convert(folder: Path, gguf: Path, say) -> None:
@@ -57,7 +57,7 @@ def test_killed_conversion_is_swept_and_redone(tmp_path):
         f"""
         import time
         from pathlib import Path
-        from streamlab import model
+        from streamlab.model import loading as model
         def slow(folder, gguf, say):
             (folder / "model.safetensors").write_text("partial")
             print("writing", flush=True)
@@ -102,7 +102,7 @@ def test_offline_hub_model_error_names_the_fix():
     """With the hub switched off, an unknown model id fails with a message saying what to do."""
     code = textwrap.dedent(
         """
-        from streamlab.model import load_model, ModelError
+        from streamlab.model.loading import load_model, ModelError
         try:
             load_model("streamlab-tests/no-such-model")
         except ModelError as exc:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.http import BodyReader, IncompleteBody, RequestHeadParser, Response, ResponseHeadParser, response_head
-from streamlab.nginx import NginxError, NginxUnavailable, find_nginx, run_nginx, write_config
-from streamlab.sse import EventStreamParser, encode_comment, encode_done, encode_event
+from streamlab.protocol.http_head import BodyReader, IncompleteBody, RequestHeadParser, Response, ResponseHeadParser, response_head
+from streamlab.hops.nginx import NginxError, NginxUnavailable, find_nginx, run_nginx, write_config
+from streamlab.protocol.sse import EventStreamParser, encode_comment, encode_done, encode_event
 
 needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed (apt-get install nginx-light)")
 pytestmark = pytest.mark.timeout(60)
@@ -62,7 +62,7 @@ def test_config_has_a_websocket_location_and_takes_extra(tmp_path: Path):
 
 
 def test_missing_nginx_is_reported_clearly(monkeypatch):
-    monkeypatch.setattr("streamlab.nginx.find_nginx", lambda: None)
+    monkeypatch.setattr("streamlab.hops.nginx.find_nginx", lambda: None)
     with pytest.raises(NginxUnavailable):
         with run_nginx(1):
             pass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.notebooks import chapters, execute
+from streamlab.book.notebooks import chapters, execute
 from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = [pytest.mark.notebook]
@@ -46,7 +46,7 @@ def test_every_chapter_has_quick_parameters():
 def test_chapter_times_and_total_are_printed_and_written(tmp_path):
     import json
 
-    from streamlab.notebooks import timing_table, write_timings
+    from streamlab.book.notebooks import timing_table, write_timings
 
     seconds = {"01_split_characters": 12.4, "02_three_ways": 61.0}
     table = timing_table(seconds)
@@ -77,7 +77,7 @@ def test_chapters_3_and_4_ask_for_the_run_chapter_2_records():
 
 
 def test_recorded_reads_a_matching_run_back(tmp_path, monkeypatch):
-    from streamlab import chapter
+    from streamlab.book import chapter
 
     monkeypatch.setenv(chapter.RUN_ID, "run-1")
     made = []
@@ -103,7 +103,7 @@ def test_recorded_reads_a_matching_run_back(tmp_path, monkeypatch):
 
 
 def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
-    from streamlab.experiments import three_ways_run
+    from streamlab.lab.experiments import three_ways_run
 
     prompts = ["The harbour at dawn", "A letter arrived"]
     made = three_ways_run(prompts, max_tokens=12, seed=0, by="chapter 2", folder=tmp_path, port=app.port, reuse=False)
@@ -118,8 +118,8 @@ def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
 
 def test_03_and_04_read_chapter_2s_run_back(tmp_path, app):
     """Run in one book, chapters 3 and 4 generate nothing: they read the run chapter 2 recorded."""
-    from streamlab.chapter import load_prompts, runs_folder
-    from streamlab.experiments import three_ways_run
+    from streamlab.book.chapter import load_prompts, runs_folder
+    from streamlab.lab.experiments import three_ways_run
 
     sizes = {"n_prompts": 1, "max_tokens": 20}
     prompts = [p["prompt"] for p in load_prompts()[:1]]
@@ -192,7 +192,7 @@ def test_05_when_the_user_leaves(tmp_path):
 
 
 def test_06_the_proxy(tmp_path):
-    from streamlab.nginx import find_nginx
+    from streamlab.hops.nginx import find_nginx
 
     f = run_chapter("06_the_proxy", tmp_path)
     paths = f["paths"]

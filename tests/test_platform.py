@@ -14,11 +14,11 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from streamlab import client
-from streamlab.hops import Bill
-from streamlab.platform import Billing, busy_time, parse_args, platform_command
-from streamlab.proxy import EXECUTION_LIMIT, Proxy, cut_event, serve_proxy
-from streamlab.sse import EventStreamParser
+from streamlab.client import timed as client
+from streamlab.lab.between import Bill
+from streamlab.hops.function_platform import Billing, busy_time, parse_args, platform_command
+from streamlab.hops.proxy import EXECUTION_LIMIT, Proxy, cut_event, serve_proxy
+from streamlab.protocol.sse import EventStreamParser
 
 pytestmark = pytest.mark.timeout(60)
 

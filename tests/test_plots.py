@@ -1,6 +1,6 @@
 """Every chart a chapter draws can be read: rendered at the notebook's size, nothing overlaps, every axis says what.
 
-Each function of ``streamlab.plots`` is drawn with data recorded by a real run
+Each function of ``streamlab.book.plots`` is drawn with data recorded by a real run
 of the chapters (``tests/data/recorded_figures.json``, from build/results) or
 shaped like it, and measured with matplotlib's own renderer: the bounding boxes
 of tick labels, axis labels, titles, annotations and the legend must not
@@ -26,8 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from streamlab import figures, plots  # noqa: E402
-from streamlab.strangers import Stall  # noqa: E402
+from streamlab.book import figures
+from streamlab.book import plots  # noqa: E402
+from streamlab.lab.strangers import Stall  # noqa: E402
 
 DATA = json.loads((Path(__file__).parent / "data" / "recorded_figures.json").read_text(encoding="utf-8"))
 

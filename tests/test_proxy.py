@@ -1,4 +1,4 @@
-"""Tests for streamlab.proxy: the block buffer, the heads, and the proxy on real sockets.
+"""Tests for streamlab.hops.proxy: the block buffer, the heads, and the proxy on real sockets.
 
 The integration tests run a small asyncio upstream written here (no model
 needed) that sends an event stream on a schedule, and a raw-socket client
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamlab.http import (
+from streamlab.protocol.http_head import (
     LAST_CHUNK,
     BodyReader,
     IncompleteBody,
@@ -38,7 +38,7 @@ from streamlab.http import (
     parse_response_head,
     response_head,
 )
-from streamlab.proxy import (
+from streamlab.hops.proxy import (
     BlockBuffer,
     PassThrough,
     choose_forwarder,
@@ -47,7 +47,7 @@ from streamlab.proxy import (
     serve_proxy,
     upstream_request_head,
 )
-from streamlab.sse import EventStreamParser, encode_comment, encode_done, encode_event
+from streamlab.protocol.sse import EventStreamParser, encode_comment, encode_done, encode_event
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ import pytest
 
 from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import serving
-from streamlab import client, runner
+from streamlab.client import timed as client
+from streamlab.lab import runner
 from streamlab.server.engines import UpstreamEngine
 
 LONG = 60  # tokens asked for with ignore_eos: the script repeats

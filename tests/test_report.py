@@ -1,7 +1,7 @@
 """The one-page report: built from a run's results and figures, opened from disk in headless Chromium.
 
 The fixture is a small run folder: chapters 1 and 2 with results and figures
-drawn by ``streamlab.plots`` and saved by ``streamlab.figures`` (as a chapter
+drawn by ``streamlab.book.plots`` and saved by ``streamlab.book.figures`` (as a chapter
 saves them), chapter 7 with results but no figure, and a chapter 12 the report
 has no mapping for. The browser test loads the page over ``file://`` (no
 server), checks that every image decodes, and leaves a screenshot in
@@ -20,8 +20,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from streamlab import browser, figures, plots, report  # noqa: E402
-from streamlab.chapter import BUILD  # noqa: E402
+from streamlab.lab import browser
+from streamlab.book import figures
+from streamlab.book import plots
+from streamlab.book import report  # noqa: E402
+from streamlab.book.chapter import BUILD  # noqa: E402
 
 HEADLINES = {
     "01_split_characters": "01 split characters: 14 broken pieces naive, 0 incremental; joined text equals the original: True",

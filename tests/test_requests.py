@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.http import HTTPError
+from streamlab.protocol.http_head import HTTPError
 from streamlab.server.requests import check_context, json_depth, load_json, parse_generation_request
 
 

@@ -1,4 +1,4 @@
-"""Tests for streamlab.runner: starting processes, waiting for readiness, always stopping them."""
+"""Tests for streamlab.lab.runner: starting processes, waiting for readiness, always stopping them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from streamlab import client, runner
+from streamlab.client import timed as client
+from streamlab.lab import runner
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from streamlab.sampling import Sampler
+from streamlab.model.sampling import Sampler
 
 
 def draws(sampler: Sampler, logits: torch.Tensor, n: int, previous=()) -> Counter:

@@ -16,9 +16,10 @@ import time
 
 import h11
 import pytest
-from streamlab import client, sse
-from streamlab import websocket as ws
-from streamlab.http import HTTPError, parse_response_head
+from streamlab.client import timed as client
+from streamlab.protocol import sse
+from streamlab.protocol import websocket as ws
+from streamlab.protocol.http_head import HTTPError, parse_response_head
 from streamlab.server import ClientConnection, ClientGone
 from streamlab.server.config import MAX_ACTIVE
 

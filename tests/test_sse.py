@@ -1,4 +1,4 @@
-"""Tests for streamlab.sse: encoding, and parsing by the WHATWG event-stream rules."""
+"""Tests for streamlab.protocol.sse: encoding, and parsing by the WHATWG event-stream rules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.sse import (
+from streamlab.protocol.sse import (
     DONE,
     MAX_LINE,
     Event,

@@ -1,4 +1,4 @@
-"""Tests for streamlab.store: partial answers survive, and say why they stopped.
+"""Tests for streamlab.server.store: partial answers survive, and say why they stopped.
 
 Whatever the store promises is checked from *outside* it where that matters:
 a second SQLite connection (or a fresh process) sees what is committed, not
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.store import (
+from streamlab.server.store import (
     CLIENT_LEFT,
     COMPLETED,
     CUT_OFF_MARKER,
@@ -396,7 +396,7 @@ def test_recover_interrupted_closes_only_streaming_answers(db: Path):
 
 CRASHING_SERVER = """
 import sys, time
-from streamlab.store import Store
+from streamlab.server.store import Store
 
 store = Store(sys.argv[1], flush_interval=0.2)
 cid = store.new_conversation("crash")

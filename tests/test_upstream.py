@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from streamlab.generation import Piece
-from streamlab.http import LAST_CHUNK, encode_chunk, parse_request_head, response_head
+from streamlab.model.generation import Piece
+from streamlab.protocol.http_head import LAST_CHUNK, encode_chunk, parse_request_head, response_head
 from streamlab.server.upstream import UpstreamGeneration, chat_completions_url
-from streamlab.stops import EOS, ERROR, MAX_TOKENS, STOPPED
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED
 
 STOP_SEQUENCE = "stop_sequence"
 TEXTS = ["Hel", "lo", ", ", "wor", "ld", "!"]

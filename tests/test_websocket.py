@@ -1,4 +1,4 @@
-"""Tests for streamlab.websocket: RFC 6455 frames, messages, close codes, handshake."""
+"""Tests for streamlab.protocol.websocket: RFC 6455 frames, messages, close codes, handshake."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.websocket import (
+from streamlab.protocol.websocket import (
     GUID,
     BinaryMessage,
     CloseCode,

@@ -46,14 +46,14 @@ The modules, each one thing:
 
 from __future__ import annotations
 
-from .app import Route, Server
-from .command import main, serve
-from .config import ServerConfig, config_from_args, parse_args
-from .connection import ClientConnection, ClientGone, in_background, until_client_leaves
-from .jobs import Job, Jobs, LogRecord, Turn
-from .requests import GenerationRequest, parse_generation_request
-from .responses import STATIC
-from .streams import Event, EventStream
+from streamlab.server.app import Route, Server
+from streamlab.server.command import main, serve
+from streamlab.server.config import ServerConfig, config_from_args, parse_args
+from streamlab.server.connection import ClientConnection, ClientGone, in_background, until_client_leaves
+from streamlab.server.jobs import Job, Jobs, LogRecord, Turn
+from streamlab.server.requests import GenerationRequest, parse_generation_request
+from streamlab.server.responses import STATIC
+from streamlab.server.streams import Event, EventStream
 
 __all__ = [
     "ClientConnection",

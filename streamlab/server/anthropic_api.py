@@ -14,10 +14,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..stops import EOS, MAX_TOKENS, STOP_SEQUENCE
-from .formats import Format
-from .jobs import Job
-from .requests import (
+from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
+from streamlab.server.formats import Format
+from streamlab.server.jobs import Job
+from streamlab.server.requests import (
     GenerationRequest,
     bad,
     boolean_field,
@@ -29,7 +29,7 @@ from .requests import (
     stop_field,
     transcript,
 )
-from .streams import Event
+from streamlab.server.streams import Event
 
 ROLES = {"user": "user", "assistant": "assistant"}
 STOP_REASONS = {EOS: "end_turn", STOP_SEQUENCE: "stop_sequence", MAX_TOKENS: "max_tokens"}

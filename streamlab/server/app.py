@@ -17,21 +17,21 @@ import traceback
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable
 
-from .. import websocket as ws
-from ..http import HTTPError, Request
-from ..stops import INCOMPLETE_REASONS
-from ..store import STREAMING, Store
-from . import anthropic_api, openai_api, queues, responses
-from .config import RETRY_AFTER, RETRY_MS, ServerConfig
-from .connection import ClientConnection, ClientGone, until_client_leaves
-from .engines import engine_for
-from .formats import Format, StreamlabFormat
-from .guards import Guards
-from .jobs import Jobs, LogRecord, title
-from .requests import GenerationRequest, last_event_id, parse_generation_request
-from .resumable import Registry
-from .streams import EventStream, format_events
-from .websocket_session import WebSocketSession
+from streamlab.protocol import websocket as ws
+from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.protocol.endings import INCOMPLETE_REASONS
+from streamlab.server.store import STREAMING, Store
+from streamlab.server import anthropic_api, openai_api, queues, responses
+from streamlab.server.config import RETRY_AFTER, RETRY_MS, ServerConfig
+from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
+from streamlab.server.engines import engine_for
+from streamlab.server.formats import Format, StreamlabFormat
+from streamlab.server.guards import Guards
+from streamlab.server.jobs import Jobs, LogRecord, title
+from streamlab.server.requests import GenerationRequest, last_event_id, parse_generation_request
+from streamlab.server.resumable import Registry
+from streamlab.server.streams import EventStream, format_events
+from streamlab.server.websocket_session import WebSocketSession
 
 Handler = Callable[..., Awaitable[bool]]
 

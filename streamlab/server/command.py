@@ -9,11 +9,11 @@ import sys
 from contextlib import redirect_stdout
 from typing import Any
 
-from .app import Server
-from .config import ServerConfig, config_from_args, parse_args
-from .connection import serve_until_signalled
-from .engines import UpstreamEngine
-from .scripted import ScriptedEngine
+from streamlab.server.app import Server
+from streamlab.server.config import ServerConfig, config_from_args, parse_args
+from streamlab.server.connection import serve_until_signalled
+from streamlab.server.engines import UpstreamEngine
+from streamlab.server.scripted import ScriptedEngine
 
 SPARE_FILES = 64  # descriptors besides the connections: the store, the listener, pipes, imports
 
@@ -53,7 +53,7 @@ def raise_open_files_limit(needed: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m streamlab serve``: load the model once (or, with ``--upstream`` or ``--scripted-rate``, none), then serve."""
-    from ..model import load_model
+    from streamlab.model.loading import load_model
 
     args = parse_args(argv)
     if args.scripted_rate is not None:

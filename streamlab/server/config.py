@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ..generation import PREFILL_CHUNK
+from streamlab.model.generation import PREFILL_CHUNK
 
 MAX_HEAD = 16 * 1024  # a request head larger than this is refused with 431
 MAX_BODY = 1 << 20  # a request body larger than this is refused with 413, before it is read

@@ -18,9 +18,9 @@ import time
 from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..http import BodyReader, HTTPError, Request, RequestHeadParser
-from ..stops import EOF, WRITE_FAILED, WRITE_TIMEOUT
-from .config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE
+from streamlab.protocol.http_head import BodyReader, HTTPError, Request, RequestHeadParser
+from streamlab.protocol.endings import EOF, WRITE_FAILED, WRITE_TIMEOUT
+from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE
 
 
 class ClientGone(Exception):

@@ -16,11 +16,11 @@ import json
 import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..generation import Generation, chat_template_ids, encode_prompt
+from streamlab.model.generation import Generation, chat_template_ids, encode_prompt
 
 if TYPE_CHECKING:
-    from .config import ServerConfig
-    from .requests import GenerationRequest
+    from streamlab.server.config import ServerConfig
+    from streamlab.server.requests import GenerationRequest
 
 Messages = Sequence[dict[str, str]]
 
@@ -36,7 +36,7 @@ class LocalEngine:
     """The model loaded in this process: prompts counted in its tokens, generations in threads or in one batch.
 
     ``config.engine`` chooses: ``threads``, a thread per generation; ``batched``,
-    every generation handed to one :class:`streamlab.batching.BatchedEngine`
+    every generation handed to one :class:`streamlab.model.batching.BatchedEngine`
     (made on the first that needs it, one per server), which decodes them all
     in one forward pass a step. A model that cannot be batched (the tests'
     scripted fake) runs threads whatever the config says.
@@ -50,7 +50,7 @@ class LocalEngine:
 
     def scheduler(self, config: ServerConfig) -> Any:
         """What runs a generation's forward passes: the batched engine, or None for a thread of its own."""
-        from ..batching import BatchedEngine, can_batch
+        from streamlab.model.batching import BatchedEngine, can_batch
 
         if getattr(config, "engine", "threads") != "batched" or not can_batch(self.lm):
             return None
@@ -140,7 +140,7 @@ class UpstreamEngine:
 
     def generation(self, req: GenerationRequest, prompt_ids: list[int], messages: Messages,
                    config: ServerConfig, on_token: Callable[[int], None]) -> Any:
-        from .upstream import UpstreamGeneration
+        from streamlab.server.upstream import UpstreamGeneration
 
         body: dict[str, Any] = {
             "model": self.model,

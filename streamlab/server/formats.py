@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .. import sse
-from ..stops import ERROR
-from .jobs import error_body
-from .streams import Event
+from streamlab.protocol import sse
+from streamlab.protocol.endings import ERROR
+from streamlab.server.jobs import error_body
+from streamlab.server.streams import Event
 
 if TYPE_CHECKING:
-    from .jobs import Job
+    from streamlab.server.jobs import Job
 
 
 class Format:

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from ..http import HTTPError, Request
-from .config import LOOPBACK_HOSTS
+from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.server.config import LOOPBACK_HOSTS
 
 
 def host_name(value: str) -> str:

@@ -18,9 +18,9 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..generation import Generation, GenerationResult, Piece, PieceSource
-from ..http import HTTPError
-from ..stops import (
+from streamlab.model.generation import Generation, GenerationResult, Piece, PieceSource
+from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.endings import (
     CLIENT_LEFT,
     COMPLETED,
     EOF,
@@ -32,11 +32,11 @@ from ..stops import (
     STOP_MESSAGE,
     stop_reason_for,
 )
-from ..store import AnswerWriter, Store
-from .config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig
-from .connection import ClientConnection, in_background
-from .requests import GenerationRequest, check_context
-from .responses import Refused
+from streamlab.server.store import AnswerWriter, Store
+from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig
+from streamlab.server.connection import ClientConnection, in_background
+from streamlab.server.requests import GenerationRequest, check_context
+from streamlab.server.responses import Refused
 
 TITLE_CHARS = 60  # a conversation's title: the start of its first message
 

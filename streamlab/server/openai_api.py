@@ -17,11 +17,11 @@ import time
 import uuid
 from typing import Any
 
-from .. import sse
-from ..stops import EOS, MAX_TOKENS, STOP_SEQUENCE
-from .formats import Format
-from .jobs import Job
-from .requests import (
+from streamlab.protocol import sse
+from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
+from streamlab.server.formats import Format
+from streamlab.server.jobs import Job
+from streamlab.server.requests import (
     GenerationRequest,
     bad,
     boolean_field,
@@ -32,7 +32,7 @@ from .requests import (
     stop_field,
     transcript,
 )
-from .streams import Event
+from streamlab.server.streams import Event
 
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context": a CPU should not start there
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

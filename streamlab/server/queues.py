@@ -6,9 +6,9 @@ in asyncio's transport buffer (``write_buffer``: what ``writer.write`` took
 and the socket would not), and the bytes in the kernel's send queue
 (``kernel_unsent``: written to the socket, not yet acknowledged by the peer;
 Linux only, else None). For each running generation: its tokens and its
-:class:`~streamlab.backlog.Backlog` counters (pieces queued now, the most
+:class:`~streamlab.model.backlog.Backlog` counters (pieces queued now, the most
 queued, how long it has been waiting for its reader). And the process's
-resident memory. :mod:`streamlab.backpressure` samples it a few times a
+resident memory. :mod:`streamlab.lab.backpressure` samples it a few times a
 second; anyone can ``curl`` it.
 """
 
@@ -22,11 +22,11 @@ import termios
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..http import HTTPError
+from streamlab.protocol.http_head import HTTPError
 
 if TYPE_CHECKING:
-    from .app import Server
-    from .connection import ClientConnection
+    from streamlab.server.app import Server
+    from streamlab.server.connection import ClientConnection
 
 
 def kernel_unsent(sock: Any) -> int | None:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..http import HTTPError, Request
-from .config import MAX_JSON_DEPTH
+from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.server.config import MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..http import HTTPError, Request, error_response, json_response, response_head
-from .connection import ClientConnection, ClientGone
+from streamlab.protocol.http_head import HTTPError, Request, error_response, json_response, response_head
+from streamlab.server.connection import ClientConnection, ClientGone
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 STATIC_TYPES = {

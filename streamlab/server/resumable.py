@@ -15,12 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..http import HTTPError
-from ..stops import CANCEL, GRACE_EXPIRED
-from .config import RETRY_MS, ServerConfig
-from .jobs import Job, Jobs, Turn
-from .requests import GenerationRequest
-from .streams import Event
+from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.endings import CANCEL, GRACE_EXPIRED
+from streamlab.server.config import RETRY_MS, ServerConfig
+from streamlab.server.jobs import Job, Jobs, Turn
+from streamlab.server.requests import GenerationRequest
+from streamlab.server.streams import Event
 
 
 @dataclass(eq=False)

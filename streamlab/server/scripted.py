@@ -13,7 +13,7 @@ Each answer is a :class:`ScriptedGeneration`: the i-th piece is due at
 ones back, so the schedule never drifts). It runs on the event loop as one
 timer callback per stream (``loop.call_at``), no task and no thread: 5,000
 streams are 5,000 entries in the loop's timer heap. The rivals in
-:mod:`streamlab.rivals` serve this very class, so every server in the
+:mod:`streamlab.lab.rivals` serve this very class, so every server in the
 benchmark streams the same words on the same schedule.
 """
 
@@ -23,13 +23,13 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..generation import GenerationResult, Piece, PieceQueue, PieceSource
-from ..stop_sequences import StopSequences
-from ..stops import MAX_TOKENS, STOP_SEQUENCE, STOPPED
+from streamlab.model.generation import GenerationResult, Piece, PieceQueue, PieceSource
+from streamlab.model.stop_sequences import StopSequences
+from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
 if TYPE_CHECKING:
-    from .config import ServerConfig
-    from .requests import GenerationRequest
+    from streamlab.server.config import ServerConfig
+    from streamlab.server.requests import GenerationRequest
 
 DEFAULT_RATE = 20.0  # tokens per second: a laptop running a 1.5B model (see DESIGN.md)
 
@@ -59,7 +59,7 @@ def scripted_name(rate: float) -> str:
 class ScriptedGeneration(PieceSource):
     """One scripted answer: ``max_tokens`` pieces, one every ``1/rate`` s on absolute deadlines.
 
-    The interface of :class:`streamlab.generation.Generation` (``start``,
+    The interface of :class:`streamlab.model.generation.Generation` (``start``,
     ``pieces``, ``wait``, ``stop``, ``stopping``, ``tokens``, ``result``):
     ``stop()`` ends it at once with ``stopped`` (there is no thread to wait
     for); reaching ``max_tokens`` ends it with ``max_tokens``; a stop

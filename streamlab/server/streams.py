@@ -17,13 +17,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from .. import sse
-from ..http import LAST_CHUNK, Request, encode_chunk, response_head
-from .connection import ClientConnection
-from .jobs import Job, Jobs, delivered
+from streamlab.protocol import sse
+from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
+from streamlab.server.connection import ClientConnection
+from streamlab.server.jobs import Job, Jobs, delivered
 
 if TYPE_CHECKING:
-    from .formats import Format
+    from streamlab.server.formats import Format
 
 
 # ensure_ascii=False: "é" travels as 2 UTF-8 bytes, not as the 6 of "\u00e9". One encoder, made once:

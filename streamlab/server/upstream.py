@@ -23,12 +23,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from .. import stops
-from ..generation import GenerationResult, Piece, PieceQueue, PieceSource
-from ..http import BodyReader, HTTPError, IncompleteBody, ResponseHeadParser
-from ..http_fields import list_tokens
-from ..sse import DONE, EventStreamParser, ProtocolError
-from ..stops import EOS, ERROR, MAX_TOKENS, STOPPED
+from streamlab.protocol import endings as stops
+from streamlab.model.generation import GenerationResult, Piece, PieceQueue, PieceSource
+from streamlab.protocol.http_head import BodyReader, HTTPError, IncompleteBody, ResponseHeadParser
+from streamlab.protocol.http_fields import list_tokens
+from streamlab.protocol.sse import DONE, EventStreamParser, ProtocolError
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED
 
 STOP_SEQUENCE = getattr(stops, "STOP_SEQUENCE", "stop_sequence")
 READ_SIZE = 65536

@@ -22,14 +22,14 @@ from collections import deque
 from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator
 
-from .. import websocket as ws
-from ..http import HTTPError
-from ..stops import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
-from .config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
-from .connection import ClientConnection, ClientGone, in_background
-from .jobs import Job, Jobs, delivered, error_body
-from .requests import parse_generation_request
-from .streams import dumps
+from streamlab.protocol import websocket as ws
+from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
+from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
+from streamlab.server.connection import ClientConnection, ClientGone, in_background
+from streamlab.server.jobs import Job, Jobs, delivered, error_body
+from streamlab.server.requests import parse_generation_request
+from streamlab.server.streams import dumps
 
 TRY_AGAIN_LATER = 1013  # the IANA registry's close code for "overloaded, come back later"
 

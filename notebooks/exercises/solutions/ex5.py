@@ -4,7 +4,7 @@ import json
 import socket
 import time
 
-from streamlab.sse import EventStreamParser
+from streamlab.protocol.sse import EventStreamParser
 
 
 def _request(port, body):

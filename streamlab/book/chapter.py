@@ -1,0 +1,64 @@
+"""Small helpers the chapters share: where things are, showing source, recording figures and runs, saving charts.
+
+Every chapter records its headline figures to a JSON file named by its
+``results_path`` parameter, so ``make run`` can print them and the notebook
+tests can assert them from the executed notebook itself.
+
+A chapter that needs what an earlier one already measured reads that run back
+instead of generating it again (``recorded``): chapter 2 records its three
+ways of delivering to ``build/runs/``, chapters 3 and 4 read them when they
+match, and make them (and record them) when they run alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from streamlab.lab.records import (  # noqa: F401 - the chapters read these from here
+    BUILD, DATA, NOTEBOOKS, REPO, RUN_ID, RUNS, Recorded, load_prompts, plain, recorded, runs_folder,
+)
+from streamlab.lab.runner import start_platforms, start_proxies, start_servers  # noqa: F401 - started together
+from streamlab.book.figures import save_figures  # noqa: F401 - the chapters' first cell: every figure shown is also saved
+
+def bare_tokenizer(model_name: str | None = None) -> Any:
+    """The model's tokenizer for counting tokens, without importing transformers (and torch) when it can.
+
+    A chapter that only counts tokens reads the model folder's
+    ``tokenizer.json`` with the ``tokenizers`` library that transformers'
+    fast tokenizers run on (the same ids, in 0.1 s instead of ~5 s of
+    imports); a model without one gets ``load_tokenizer``'s. Count with
+    ``streamlab.client.metrics.count_tokens``, which takes either.
+    """
+    from streamlab.model.loading import load_tokenizer, resolve_model
+
+    folder = Path(resolve_model(model_name)[1])
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return load_tokenizer(model_name)
+
+
+def show_source(obj: Any) -> Any:
+    """Display the library's real source for ``obj``: the chapter never pastes a copy."""
+    from IPython.display import Code
+
+    return Code(inspect.getsource(obj), language="python")
+
+
+def record(results_path: str | Path | None, headline: str, **figures: Any) -> dict[str, Any]:
+    """Write the chapter's headline and figures as JSON (when a path is given) and return them."""
+    payload = {"headline": headline, "figures": plain(figures)}
+    if results_path:
+        path = Path(results_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(headline)
+    return payload

@@ -1,0 +1,250 @@
+"""Real nginx in front of our server, run by us from a temporary folder.
+
+Our own proxy (``proxy.py``) shows buffering in its purest form; nginx is
+what readers actually deploy, so the experiments also go through it, with
+its *defaults*: ``proxy_buffering on``, ``proxy_http_version 1.0`` towards
+the upstream, a 60 s ``proxy_read_timeout``. Nothing here tunes nginx for
+streaming; the point is to watch what the defaults do to a stream, and that
+a single response header (``X-Accel-Buffering: no``) undoes the buffering.
+
+The configuration keeps everything an nginx writes (pid, logs, temporary
+files) inside one folder, listens on 127.0.0.1 only, and runs in the
+foreground (``daemon off``) so that the process we start is the one we stop.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CACHE_STATUS",
+    "NginxError",
+    "NginxProcess",
+    "NginxUnavailable",
+    "find_nginx",
+    "run_nginx",
+    "write_config",
+]
+
+START_TIMEOUT = 10.0
+# With ``cache=True`` every response says what the cache did: HIT, MISS, BYPASS, EXPIRED...
+CACHE_STATUS = "X-Cache-Status"
+
+
+class NginxUnavailable(RuntimeError):
+    """nginx is not installed here: callers (tests, notebooks) skip the experiment."""
+
+
+class NginxError(RuntimeError):
+    """nginx is there but refused the configuration or did not start; carries its error log."""
+
+
+def find_nginx() -> str | None:
+    """The nginx binary: on PATH, or where Debian puts it (/usr/sbin is not on every user's PATH)."""
+    found = shutil.which("nginx")
+    if found:
+        return found
+    for candidate in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def write_config(
+    folder: Path,
+    listen_port: int,
+    upstream_port: int,
+    *,
+    buffering: bool | None = None,
+    extra: str = "",
+    location: str = "",
+    cache: bool = False,
+) -> Path:
+    """Write ``folder/nginx.conf``: nginx's defaults, proxying 127.0.0.1:listen_port to the upstream.
+
+    ``buffering=None`` leaves ``proxy_buffering`` unset, i.e. on, as in a
+    fresh install; True or False writes it out. ``extra`` is pasted into the
+    ``server`` block (e.g. ``"proxy_read_timeout 5s;"``), where both
+    locations inherit it; ``location`` goes into ``location /`` alone (e.g.
+    ``gzip on;``, which the WebSocket location had better not get). ``cache``
+    declares a cache zone in the folder (``proxy_cache streamlab;`` in
+    ``location`` uses it) and adds an ``X-Cache-Status`` header to every
+    response, so a reader sees what the cache did. ``/ws`` gets the three lines every WebSocket
+    behind nginx needs: nginx speaks HTTP/1.0 to upstreams by default, which
+    has no ``Upgrade``, and it does not forward hop-by-hop headers.
+
+    When we run as root, the master process would hand the work to a worker
+    running as ``nobody``, which cannot write our private folder: ``user
+    root`` keeps it ours.
+    """
+    folder = Path(folder).resolve()
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    setting = "" if buffering is None else f"\n            proxy_buffering {'on' if buffering else 'off'};"
+    setting += _indent(location, 12).replace("\n\n", "\n", 1)
+    zone = ""
+    if cache:
+        zone = (f"\n    proxy_cache_path {folder}/cache levels=1:2 keys_zone=streamlab:1m inactive=10m;"
+                f"\n    add_header {CACHE_STATUS} $upstream_cache_status always;")
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    config = f"""\
+# Written by streamlab.hops.nginx: nginx defaults, everything inside {folder}.
+daemon off;
+master_process on;
+worker_processes 1;
+{user}pid {folder}/nginx.pid;
+error_log {folder}/error.log info;
+
+events {{
+    worker_connections 256;
+}}
+
+http {{
+    # $request_time and $upstream_response_time show where the time went.
+    log_format timing '$remote_addr "$request" $status $body_bytes_sent '
+                      'request_time=$request_time upstream_time=$upstream_response_time';
+    access_log {folder}/access.log timing;
+    client_body_temp_path {folder}/client_body;
+    proxy_temp_path {folder}/proxy;
+    fastcgi_temp_path {folder}/fastcgi;
+    uwsgi_temp_path {folder}/uwsgi;
+    scgi_temp_path {folder}/scgi;{zone}
+
+    server {{
+        listen 127.0.0.1:{listen_port};
+
+        location / {{
+            proxy_pass {upstream};{setting}
+        }}
+
+        location /ws {{
+            proxy_pass {upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+        }}{_indent(extra, 8)}
+    }}
+}}
+"""
+    path = folder / "nginx.conf"
+    path.write_text(config)
+    return path
+
+
+def _indent(text: str, spaces: int) -> str:
+    """``extra`` as a block of its own inside ``server``, or nothing."""
+    text = textwrap.dedent(text).strip()
+    return "\n\n" + textwrap.indent(text, " " * spaces) if text else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class NginxProcess:
+    """A running nginx: where it listens and what it logged."""
+
+    port: int
+    folder: Path
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def error_log(self) -> str:
+        return _read(self.folder / "error.log")
+
+    def access_log(self) -> str:
+        return _read(self.folder / "access.log")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+@contextmanager
+def run_nginx(
+    upstream_port: int,
+    *,
+    buffering: bool | None = None,
+    extra: str = "",
+    port: int = 0,
+    location: str = "",
+    cache: bool = False,
+) -> Iterator[NginxProcess]:
+    """Run nginx in front of ``127.0.0.1:upstream_port`` for the duration of a ``with`` block.
+
+    The configuration is checked first (``nginx -t``), so a mistake in
+    ``extra`` fails with nginx's own message. nginx runs in the foreground
+    in a session of its own; on the way out it gets SIGTERM (a fast stop: a
+    graceful SIGQUIT would wait for every open stream to end), and SIGKILL
+    for its whole process group if that is not enough.
+    """
+    binary = find_nginx()
+    if binary is None:
+        raise NginxUnavailable("nginx is not installed (Debian/Ubuntu: apt-get install nginx-light)")
+    folder = Path(tempfile.mkdtemp(prefix="streamlab-nginx-"))
+    process: subprocess.Popen | None = None
+    try:
+        port = port or _free_port()
+        config = write_config(folder, port, upstream_port, buffering=buffering, extra=extra, location=location,
+                              cache=cache)
+        # -e: the error log before the configuration is read; the compiled-in
+        # default (/var/log/nginx) may not be writable.
+        base = [binary, "-p", f"{folder}/", "-c", str(config), "-e", str(folder / "error.log")]
+        check = subprocess.run([*base, "-t"], capture_output=True, text=True, timeout=START_TIMEOUT)
+        if check.returncode != 0:
+            raise NginxError(f"nginx -t refused the configuration:\n{check.stderr or _read(folder / 'error.log')}")
+        with open(folder / "stderr.log", "wb") as stderr:
+            process = subprocess.Popen(
+                base, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+            )
+        nginx = NginxProcess(port, folder, process)
+        _wait_until_listening(nginx)
+        yield nginx
+    finally:
+        if process is not None:
+            _stop(process)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_until_listening(nginx: NginxProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if nginx.process.poll() is not None:
+            stderr = _read(nginx.folder / "stderr.log")
+            raise NginxError(f"nginx exited with {nginx.process.returncode}:\n{stderr}{nginx.error_log()}")
+        with suppress(OSError), socket.create_connection(("127.0.0.1", nginx.port), timeout=0.5):
+            return
+        time.sleep(0.02)
+    raise NginxError(f"nginx did not listen on port {nginx.port} within {START_TIMEOUT} s:\n{nginx.error_log()}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            # The master did not stop its worker in time: end the whole
+            # group we created, so no orphan worker keeps the port.
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,638 @@
+"""Chapter 10's experiments: the formats people use, the SDKs that read them, and the relay.
+
+Three questions, each answered against a live server with the real model:
+
+1. ``same_answer``: one answer (same prompt, same seed) as streamlab's SSE,
+   OpenAI's ``chat.completion.chunk`` stream and Anthropic's Messages events,
+   traced on a raw socket (bytes, events, time to first text, how it ended)
+   and then read by each format's own client (``httpx-sse``, ``openai``,
+   ``anthropic``), timing the first text each hands to the program.
+2. ``CuttingHop`` and ``truncation_table``: a hop that ends the response
+   *cleanly* (the zero-length chunk) after N pieces, as a platform or proxy
+   with a time limit does. What does each reader do with a well-formed body
+   that lacks its ending?
+3. ``leave_through``: a client of the relay (``serve --upstream``) leaves
+   after N pieces; how many tokens did the upstream generate?
+
+The functions return plain rows (dicts) for a table, with the traces kept
+where a plot needs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from streamlab.client import timed as client
+from streamlab.protocol import sse
+from streamlab.protocol.http_head import LAST_CHUNK, BodyReader, ResponseHeadParser, encode_chunk
+from streamlab.client.trace import Trace, piece_text
+
+PROMPT = "Tell me about lighthouses."
+# Sampled, not greedy, so that the seed matters; every format gets the same three numbers.
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 1}
+
+STREAMLAB, OPENAI, ANTHROPIC = "streamlab SSE", "OpenAI chunks", "Anthropic events"
+ROUTES = {STREAMLAB: "/stream", OPENAI: "/v1/chat/completions", ANTHROPIC: "/v1/messages"}
+# What a reader must see last for the answer to be whole, per format.
+TERMINATORS = {STREAMLAB: "event: end, then data: [DONE]", OPENAI: "finish_reason, then data: [DONE]",
+               ANTHROPIC: "message_delta (stop_reason), then message_stop"}
+
+
+def request_body(fmt: str, max_tokens: int, *, prompt: str = PROMPT, model: str = "default",
+                 **extra: Any) -> dict[str, Any]:
+    """The same question in each API's own request shape (streamed)."""
+    messages = [{"role": "user", "content": prompt}]
+    if fmt == STREAMLAB:
+        return {"prompt": prompt, "max_tokens": max_tokens, **SAMPLING, **extra}
+    if fmt == OPENAI:
+        return {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, **SAMPLING, **extra}
+    if fmt == ANTHROPIC:
+        return {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, **SAMPLING, **extra}
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def model_name(port: int) -> str:
+    """The model the server says it serves (``GET /v1/models``): what an SDK puts in ``model``."""
+    return client.get_json_sync(port, "/v1/models")["data"][0]["id"]
+
+
+def ending(trace: Trace) -> str | None:
+    """How the stream said it ended (the stop or finish reason), or None when it never said."""
+    for event in reversed(trace.events):
+        if event.kind != "end":
+            continue
+        data = event.data if isinstance(event.data, dict) else {}
+        if data.get("stop_reason"):  # ours
+            return data["stop_reason"]
+        if isinstance(data.get("delta"), dict) and data["delta"].get("stop_reason"):  # Anthropic's message_delta
+            return data["delta"]["stop_reason"]
+        choices = data.get("choices") or [{}]
+        if choices[0].get("finish_reason"):  # OpenAI's last chunk
+            return choices[0]["finish_reason"]
+    return None
+
+
+# --------------------------------------------------------------------------
+# 1. The same answer in three formats
+# --------------------------------------------------------------------------
+
+
+def raw_row(fmt: str, trace: Trace) -> dict[str, Any]:
+    """One format's cost and timing, as the raw socket saw it."""
+    return {
+        "format": fmt,
+        "route": ROUTES[fmt],
+        "bytes on the wire": trace.total_bytes,
+        "events": len(trace.events),
+        "text events": len(trace.text_events),
+        "text bytes": trace.text_bytes,
+        "bytes per text byte": round(trace.ratio, 1),
+        "first text (s)": None if trace.first_text is None else round(trace.first_text, 3),
+        "end (s)": None if trace.end is None else round(trace.end, 3),
+        "ended with": ending(trace),
+        "terminator seen": trace.complete,
+    }
+
+
+def first_piece(trace: Trace) -> str:
+    """The first event that carries text, exactly as it crossed the wire (without its chunk framing)."""
+    buffer = bytearray(trace.body)
+    for block in _event_blocks(buffer):
+        if _is_piece(block):
+            return block.decode("utf-8", "replace")
+    return ""
+
+
+def raw_traces(port: int, max_tokens: int, *, model: str = "default") -> dict[str, Trace]:
+    """The same answer in each format, traced on a raw socket, one after the other."""
+    return {fmt: client.post_sync(port, ROUTES[fmt], request_body(fmt, max_tokens, model=model))
+            for fmt in ROUTES}
+
+
+@dataclass
+class SdkRead:
+    """What one SDK handed to the program: the text, when its first piece came, how it ended (or what it raised)."""
+
+    reader: str
+    format: str
+    text: str = ""
+    first_text: float | None = None
+    end: float | None = None
+    stop_reason: str | None = None
+    raised: str | None = None  # the exception's type and message, when it raised
+    pieces: int = 0
+    times: list[float] = field(default_factory=list)
+
+    def got(self, text: str | None, started: float) -> None:
+        if text:
+            t = time.perf_counter() - started
+            self.times.append(t)
+            self.text += text
+            self.pieces += 1
+            if self.first_text is None:
+                self.first_text = t
+
+
+def _reading(reader: str, fmt: str, body: Callable[[SdkRead, float], None], *, owned: Any = None) -> SdkRead:
+    """Run one SDK reading, timing from the call and keeping whatever it raised as a result.
+
+    ``owned`` is a client made for this reading alone: it is closed afterwards.
+    """
+    result = SdkRead(reader, fmt)
+    started = time.perf_counter()
+    try:
+        body(result, started)
+    except Exception as exc:  # noqa: BLE001 - what the SDK raises is the measurement
+        result.raised = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        result.end = time.perf_counter() - started
+        if owned is not None:
+            with suppress(Exception):
+                owned.close()
+    return result
+
+
+def read_httpx_sse(url: str, max_tokens: int, *, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """streamlab's ``/stream`` read with ``httpx`` and ``httpx-sse``: a piece per ``data: {"text"}``."""
+    import httpx
+    from httpx_sse import connect_sse
+
+    http = sdk or httpx.Client(timeout=120)
+    owned = None if sdk else http
+    payload = request_body(STREAMLAB, max_tokens, prompt=prompt)
+
+    def body(result: SdkRead, started: float) -> None:
+        with connect_sse(http, "POST", f"{url}/stream", json=payload) as events:
+            for event in events.iter_sse():
+                if event.event == "end":
+                    result.stop_reason = json.loads(event.data).get("stop_reason")
+                elif event.event == "error":
+                    raise RuntimeError(event.data)
+                elif event.data != sse.DONE:
+                    result.got(json.loads(event.data).get("text"), started)
+
+    return _reading("httpx-sse: iter_sse()", STREAMLAB, body, owned=owned)
+
+
+def _openai(url: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def read_openai(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """``client.chat.completions.create(stream=True)``, iterated: the way most programs read a stream."""
+    owned = None if sdk else _openai(url)
+    sdk = sdk or owned
+    kwargs = request_body(OPENAI, max_tokens, prompt=prompt, model=model)
+
+    def body(result: SdkRead, started: float) -> None:
+        for chunk in sdk.chat.completions.create(**kwargs):
+            if chunk.choices:
+                result.got(chunk.choices[0].delta.content, started)
+                result.stop_reason = chunk.choices[0].finish_reason or result.stop_reason
+
+    return _reading("openai: for chunk in create(stream=True)", OPENAI, body, owned=owned)
+
+
+def read_openai_helper(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """The SDK's higher-level helper: ``chat.completions.stream()``, then ``get_final_completion()``."""
+    owned = None if sdk else _openai(url)
+    sdk = sdk or owned
+    kwargs = {k: v for k, v in request_body(OPENAI, max_tokens, prompt=prompt, model=model).items() if k != "stream"}
+
+    def body(result: SdkRead, started: float) -> None:
+        with sdk.chat.completions.stream(**kwargs) as stream:
+            for event in stream:
+                if event.type == "content.delta":
+                    result.got(event.delta, started)
+            final = stream.get_final_completion()
+        result.stop_reason = final.choices[0].finish_reason
+        result.text = final.choices[0].message.content or result.text
+
+    return _reading("openai: stream() helper, get_final_completion()", OPENAI, body, owned=owned)
+
+
+def _anthropic(url: str) -> Any:
+    import anthropic
+
+    return anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+
+
+def _anthropic_kwargs(max_tokens: int, model: str, prompt: str) -> dict[str, Any]:
+    body = request_body(ANTHROPIC, max_tokens, prompt=prompt, model=model)
+    # This SDK's messages.stream() no longer takes temperature or top_p (the newest models fix them), and
+    # Anthropic's API has no seed (a streamlab extension): all three travel as extra_body, as they are.
+    return {"model": model, "max_tokens": max_tokens, "messages": body["messages"], "extra_body": dict(SAMPLING)}
+
+
+def read_anthropic(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """``client.messages.stream()`` and its ``text_stream``: the way the SDK's README reads a stream."""
+    owned = None if sdk else _anthropic(url)
+    sdk = sdk or owned
+
+    def body(result: SdkRead, started: float) -> None:
+        with sdk.messages.stream(**_anthropic_kwargs(max_tokens, model, prompt)) as stream:
+            for text in stream.text_stream:
+                result.got(text, started)
+            snapshot = stream.current_message_snapshot
+            result.stop_reason = snapshot.stop_reason
+
+    return _reading("anthropic: for text in text_stream", ANTHROPIC, body, owned=owned)
+
+
+def read_anthropic_final(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """``client.messages.stream()`` then ``get_final_message()``: the whole message, with its stop_reason."""
+    owned = None if sdk else _anthropic(url)
+    sdk = sdk or owned
+
+    def body(result: SdkRead, started: float) -> None:
+        with sdk.messages.stream(**_anthropic_kwargs(max_tokens, model, prompt)) as stream:
+            message = stream.get_final_message()
+        result.got("".join(block.text for block in message.content if block.type == "text"), started)
+        result.stop_reason = message.stop_reason
+
+    return _reading("anthropic: get_final_message()", ANTHROPIC, body, owned=owned)
+
+
+SDK_READERS: dict[str, Callable[..., SdkRead]] = {
+    STREAMLAB: read_httpx_sse,
+    OPENAI: read_openai,
+    ANTHROPIC: read_anthropic,
+}
+
+
+def _client_for(fmt: str, url: str) -> Any:
+    import httpx
+
+    return {STREAMLAB: lambda: httpx.Client(timeout=120), OPENAI: lambda: _openai(url),
+            ANTHROPIC: lambda: _anthropic(url)}[fmt]()
+
+
+def sdk_reads(url: str, max_tokens: int, *, model: str) -> dict[str, SdkRead]:
+    """The same answer read by each format's own client library.
+
+    Each library's client is made first and warmed by a one-token answer, so
+    that the time measured is a request's, not the library's first imports
+    and set-up (which can take longer than the model's first token).
+    """
+    reads = {}
+    for fmt, read in SDK_READERS.items():
+        sdk = _client_for(fmt, url)
+        kwargs = {"sdk": sdk} if fmt == STREAMLAB else {"sdk": sdk, "model": model}
+        try:
+            read(url, 1, **kwargs)
+            reads[fmt] = read(url, max_tokens, **kwargs)
+        finally:
+            sdk.close()
+    return reads
+
+
+def same_answer(port: int, url: str, max_tokens: int) -> dict[str, Any]:
+    """Experiment 1: raw traces, SDK reads, a table row per format, and whether every text is the same."""
+    model = model_name(port)
+    traces = raw_traces(port, max_tokens, model=model)
+    reads = sdk_reads(url, max_tokens, model=model)
+    rows = []
+    for fmt, trace in traces.items():
+        read = reads[fmt]
+        rows.append({**raw_row(fmt, trace), "client library": read.reader.split(":")[0],
+                     "library: first text (s)": None if read.first_text is None else round(read.first_text, 3),
+                     "library: stop reason": read.stop_reason, "library raised": read.raised})
+    texts = [t.text for t in traces.values()] + [r.text for r in reads.values()]
+    return {"rows": rows, "traces": traces, "reads": reads, "model": model,
+            "same_text": len(set(texts)) == 1 and bool(texts[0]), "text": texts[0]}
+
+
+# --------------------------------------------------------------------------
+# 2. A stream that ends without its terminator
+# --------------------------------------------------------------------------
+
+
+def _event_blocks(buffer: bytearray) -> list[bytes]:
+    """Take the complete SSE events (up to and including their blank line) off the front of ``buffer``."""
+    blocks = []
+    while True:
+        match = re.search(rb"\r\n\r\n|\n\n|\r\r", buffer)
+        if match is None:
+            return blocks
+        blocks.append(bytes(buffer[: match.end()]))
+        del buffer[: match.end()]
+
+
+def _is_piece(block: bytes) -> bool:
+    """Whether an SSE event carries text, in any of the three formats."""
+    for event in sse.EventStreamParser().feed(block):
+        with suppress(ValueError):
+            if piece_text(json.loads(event.data)):
+                return True
+    return False
+
+
+class CuttingHop:
+    """A TCP hop on 127.0.0.1 that passes a response on, but ends it cleanly after ``cut_after`` pieces.
+
+    What a platform with a time limit, or a proxy that gives up, does to a
+    stream: the client gets the head, whole events, and then the zero-length
+    chunk, a body that is well formed and complete as far as HTTP can tell.
+    Only the missing terminator (``end``, ``finish_reason`` and ``[DONE]``,
+    ``message_stop``) gives it away. The hop then closes its connection to
+    the server, which (watching its socket) stops generating.
+
+    It runs its own event loop in a thread, so that blocking SDK calls in the
+    caller's thread can use it. ``cuts`` counts the responses it cut.
+    """
+
+    def __init__(self, upstream_port: int, cut_after: int, *, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.cut_after = cut_after
+        self.port: int | None = None
+        self.cuts = 0
+        self.passed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> CuttingHop:
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+            self.port = self._server.sockets[0].getsockname()[1]
+            ready.set()
+            self._loop.run_forever()
+            self._server.close()
+            self._loop.run_until_complete(self._server.wait_closed())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="cutting-hop", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the hop did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> CuttingHop:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            return
+        forward = asyncio.ensure_future(self._pump(reader, up_writer))
+        try:
+            await self._response(up_reader, writer)
+        finally:
+            forward.cancel()
+            for w in (up_writer, writer):
+                w.close()
+                with suppress(Exception):
+                    await asyncio.wait_for(w.wait_closed(), 2)
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The request, client to server, as it is."""
+        with suppress(ConnectionError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+    async def _response(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The response, server to client: the head as it is, then whole events re-chunked, cut after N pieces."""
+        head = ResponseHeadParser()
+        received = b""
+        response = None
+        while response is None:
+            data = await up.read(65536)
+            if not data:
+                writer.write(received)
+                return
+            received += data
+            response = head.feed(data)
+        stream = (response.header("content-type") or "").startswith("text/event-stream")
+        body = BodyReader(response, "POST")
+        if not stream or body.mode != "chunked":  # nothing to cut: pass it all on
+            writer.write(received)
+            while data := await up.read(65536):
+                writer.write(data)
+                await writer.drain()
+            self.passed += 1
+            return
+        writer.write(received[: len(received) - len(head.rest)])
+        buffer, pieces, data = bytearray(), 0, head.rest
+        while True:
+            for part in body.feed(data):
+                buffer += part
+            for block in _event_blocks(buffer):
+                writer.write(encode_chunk(block))
+                pieces += _is_piece(block)
+                if pieces >= self.cut_after:
+                    writer.write(LAST_CHUNK)  # a clean end: the body is whole, as far as HTTP can tell
+                    await writer.drain()
+                    self.cuts += 1
+                    return
+            await writer.drain()
+            if body.done:
+                writer.write(LAST_CHUNK)
+                self.passed += 1
+                return
+            data = await up.read(65536)
+            if not data:
+                return
+
+
+TRUNCATION_READERS: list[tuple[str, Callable[..., SdkRead]]] = [
+    (OPENAI, read_openai),
+    (OPENAI, read_openai_helper),
+    (ANTHROPIC, read_anthropic),
+    (ANTHROPIC, read_anthropic_final),
+    (STREAMLAB, read_httpx_sse),
+]
+RELAYED_READERS = [(OPENAI, read_openai), (ANTHROPIC, read_anthropic)]
+CUT, RELAYED = "cut by the hop", "cut by the hop, then a streamlab relay"
+OURS = "streamlab Trace (raw socket)"
+
+
+def _row(path: str, reader: str, fmt: str, text: str, whole: str | None, *, raised: str | None,
+         stop_reason: str | None, told: bool) -> dict[str, Any]:
+    return {
+        "path": path,
+        "reader": reader,
+        "format": fmt,
+        "text received (chars)": len(text),
+        "text": text,
+        "beginning of the whole answer": None if whole is None else whole.startswith(text),
+        "raised": raised is not None,
+        "what it raised": raised or "",
+        "stop reason it saw": stop_reason,
+        "the reader said it was cut": told,
+        "a check of the stop reason says cut": stop_reason is None,
+    }
+
+
+def _sdk_row(path: str, result: SdkRead, whole: str | None) -> dict[str, Any]:
+    return _row(path, result.reader, result.format, result.text, whole, raised=result.raised,
+                stop_reason=result.stop_reason, told=result.raised is not None)
+
+
+def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, whole: str | None = None,
+                     relay: bool = True, hop: CuttingHop | None = None, guard: Any = None) -> list[dict[str, Any]]:
+    """Experiment 2: every reader through a hop that cuts the stream cleanly after ``cut_after`` pieces.
+
+    The SDK rows say what the library did: raise, or hand over the text; and
+    whether the stop reason was there for a program that checks it. The
+    raw-socket rows are streamlab's ``Trace``, which calls an answer whole
+    only when its terminator arrived. With ``relay``, two SDKs read once more
+    through a streamlab relay placed after the hop (``serve --upstream``):
+    the relay checks the upstream's ending, and turns a cut into an error
+    that the SDK raises. With ``whole`` (the uncut answer to the same
+    request), each row says whether what it got is that answer's beginning.
+
+    A chapter that starts its servers once passes its ``hop`` (a running
+    ``CuttingHop`` in front of ``port``, cutting after ``cut_after``) and its
+    ``guard`` (a relay already started with ``--upstream`` the hop's URL);
+    without them, both are started here and stopped at the end.
+    """
+    rows = []
+    own_hop = hop is None
+    hop = CuttingHop(port, cut_after).start() if own_hop else hop
+    try:
+        for fmt, read in TRUNCATION_READERS:
+            kwargs = {} if fmt == STREAMLAB else {"model": model}
+            rows.append(_sdk_row(CUT, read(hop.url, max_tokens, **kwargs), whole))
+        for fmt, path in ROUTES.items():
+            trace = client.post_sync(hop.port, path, request_body(fmt, max_tokens, model=model))
+            rows.append(_row(CUT, OURS, fmt, trace.text, whole, raised=None, stop_reason=ending(trace),
+                             told=not trace.complete))
+        if relay:
+            from streamlab.lab.runner import start_server
+
+            own_guard = guard is None
+            guard = start_server("--upstream", hop.url) if own_guard else guard
+            try:
+                for fmt, read in RELAYED_READERS:
+                    rows.append(_sdk_row(RELAYED, read(guard.url, max_tokens, model=model), whole))
+            finally:
+                if own_guard:
+                    guard.stop()
+    finally:
+        if own_hop:
+            hop.stop()
+    return rows
+
+
+# --------------------------------------------------------------------------
+# 3. The relay: does the upstream stop when our client leaves?
+# --------------------------------------------------------------------------
+
+
+async def _new_record(port: int, known: set[str], timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.perf_counter() + timeout
+    while True:
+        fresh = [r for r in await client.get_json(port, "/log") if r["id"] not in known]
+        if fresh:
+            return fresh[-1]
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"no new request in the /log of port {port}")
+        await asyncio.sleep(0.05)
+
+
+async def leave_through(
+    path_label: str,
+    port: int,
+    *,
+    tokens: int,
+    leave_after: int,
+    upstream_port: int | None = None,
+    engine_log: Callable[[], str] | None = None,
+    model: str = "default",
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """A client asks ``port`` for ``tokens`` tokens (``ignore_eos``) and leaves after ``leave_after`` pieces.
+
+    ``port`` is a relay (or, for the baseline, the upstream itself). A
+    streamlab upstream's ``/log`` (``upstream_port``) says how many tokens it
+    generated and how it noticed; the relay's, how the relay noticed and what
+    it stored. llama.cpp keeps no such record: for it the count is what the
+    relay received from it, and its log (``engine_log``) says whether it saw
+    the client go ("Disconnected from client").
+    """
+    body = request_body(OPENAI, tokens, model=model, ignore_eos=True)
+    relayed = port != upstream_port
+    known_up = {r["id"] for r in await client.get_json(upstream_port, "/log")} if upstream_port else set()
+    known_here = {r["id"] for r in await client.get_json(port, "/log")} if relayed else set()
+    log_before = len(engine_log()) if engine_log else 0
+    trace = await client.post(port, ROUTES[OPENAI], body, stop_after=leave_after, timeout=timeout)
+    left_at = time.time()
+    row: dict[str, Any] = {"path": path_label, "asked for": tokens, "client read (pieces)": len(trace.text_events),
+                           "relay noticed by": None, "relay stored as": None}
+    here = None
+    if relayed:
+        here = await client.wait_log(port, (await _new_record(port, known_here))["id"], timeout=timeout)
+        row.update({"relay noticed by": here["stop_signal"], "relay stored as": here["stored_reason"]})
+    if upstream_port:
+        up = await client.wait_log(upstream_port, (await _new_record(upstream_port, known_up))["id"], timeout=timeout)
+        row.update({"upstream generated": up["tokens"], "upstream noticed by": up["stop_signal"],
+                    "upstream ran on after the client left (s)": round(max(0.0, up["ended"] - left_at), 2),
+                    "counted from": "the upstream's /log"})
+    else:
+        assert here is not None and engine_log is not None
+        await asyncio.sleep(0.5)  # time for the engine to notice and say so in its log
+        said = engine_log()[log_before:]
+        row.update({"upstream generated": here["tokens"],
+                    "upstream noticed by": "disconnect" if "Disconnected from client" in said else None,
+                    "upstream ran on after the client left (s)": round(max(0.0, here["ended"] - left_at), 2),
+                    "counted from": "what the relay received (llama.cpp keeps no /log)"})
+    return row
+
+
+def start_model_servers(model_args: list[str], llama: Any = None, llama_missing: str | None = None
+                        ) -> tuple[Any, Any, str | None]:
+    """The chapter's model server and, when it is available, llama.cpp's, started at the same time.
+
+    Returns ``(server, engine, llama_missing)``: ``engine`` is None, and
+    ``llama_missing`` says why, when llama.cpp is not there or did not start.
+    llama.cpp is started from this thread: it is told to exit when the thread
+    that started it ends (``PR_SET_PDEATHSIG`` counts threads), so a worker
+    thread would take it down on the way out.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamlab.lab.runner import start_server
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        server_start = pool.submit(start_server, *model_args)
+        engine = None
+        if llama is not None and llama_missing is None:
+            try:
+                engine = llama.LlamaServer().start()
+            except llama.EngineError as exc:
+                llama_missing = f"llama.cpp did not start: {str(exc)[:300]}"
+        try:
+            server = server_start.result()
+        except BaseException:
+            if engine is not None:
+                engine.stop()
+            raise
+    return server, engine, llama_missing

@@ -1,0 +1,284 @@
+"""Run the server (or the proxy) as a real process, exactly as a reader would type it.
+
+Chapters and tests start ``python -m streamlab serve ...`` in a subprocess
+rather than in their own event loop: a notebook's loop would otherwise share
+its time with the server's, and the measurements would measure that. The
+process is started with ``--port 0`` (the kernel picks a free port), and it
+announces itself with one line on stdout, ``streamlab: listening on URL``,
+which is how we know it is ready and where it is.
+
+Every process started here is stopped by its context manager, whatever
+happens; and it is started with ``--exit-on-stdin-eof`` with our end of its
+stdin held open, so if this Python process dies (a killed kernel), the
+server sees EOF on its stdin and exits too.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from streamlab.client.timed import get_json_sync
+
+LISTENING = re.compile(r"listening on (http://[^\s:/]+:(\d+))")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (prefer ``--port 0`` where possible: no race)."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    """A started process that is listening: where it is, and how to look inside."""
+
+    port: int
+    url: str
+    process: subprocess.Popen
+    args: tuple[str, ...]
+    log_path: Path
+    stdout_lines: list[str] = field(default_factory=list)
+
+    def logs(self) -> list[dict[str, Any]]:
+        """The server's ``GET /log``: one record per generation request."""
+        return get_json_sync(self.port, "/log")
+
+    def log(self, request_id: str) -> dict[str, Any]:
+        """One record of ``GET /log/{id}``."""
+        return get_json_sync(self.port, f"/log/{request_id}")
+
+    def stderr(self, last: int = 4000) -> str:
+        """The tail of what the process wrote to stderr."""
+        return _tail(self.log_path, last)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL; return the exit code."""
+        return stop_process(self.process, timeout)
+
+    def kill(self, timeout: float = 10.0) -> int | None:
+        """SIGKILL, as a crash or the OOM killer would: the server gets no chance to write anything."""
+        self.process.kill()
+        return self.process.wait(timeout)
+
+
+def _tail(path: Path, last: int) -> str:
+    try:
+        return path.read_bytes()[-last:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue) -> None:
+    """Read the child's stdout for as long as it lives: report the ready line, keep the rest.
+
+    Draining it matters even after readiness: a child whose stdout pipe fills
+    up blocks on its next print.
+    """
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        lines.append(line)
+        match = LISTENING.search(line)
+        if match:
+            found.put((match.group(1), int(match.group(2))))
+    found.put(None)  # EOF: the process closed stdout, most likely by exiting
+
+
+def _child_env(env: dict[str, str] | None) -> dict[str, str]:
+    merged = dict(os.environ if env is None else env)
+    # The child imports this very streamlab, even when it is not installed.
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), merged.get("PYTHONPATH", "")) if p)
+    merged.setdefault("PYTHONUNBUFFERED", "1")
+    return merged
+
+
+def start_process(
+    cmd_args: Sequence[str],
+    *,
+    ready_timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    name: str = "streamlab",
+) -> RunningServer:
+    """Start ``cmd_args`` and wait for its ``listening on`` line.
+
+    stderr goes to a temporary log file (``RunningServer.log_path``). If the
+    process exits or stays silent too long, it is stopped and the error
+    carries the tail of its stderr, which is where the reason is.
+    """
+    log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
+    process = subprocess.Popen(
+        list(cmd_args),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=_child_env(env),
+    )
+    log.close()
+    lines: list[str] = []
+    found: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump_stdout, args=(process, lines, found), daemon=True).start()
+    try:
+        ready = found.get(timeout=ready_timeout)
+        why = "exited before it was ready" if ready is None else ""
+    except queue.Empty:
+        ready, why = None, f"was not listening after {ready_timeout:.0f} s"
+    if ready is None:
+        code = stop_process(process)
+        raise RuntimeError(
+            f"{' '.join(cmd_args)} {why} (exit code {code}).\n"
+            f"--- stderr (tail) ---\n{_tail(Path(log.name), 4000)}"
+        )
+    url, port = ready
+    return RunningServer(port, url, process, tuple(cmd_args), Path(log.name), lines)
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> int | None:
+    """Ask politely (SIGTERM and stdin EOF), wait, then insist (SIGKILL)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    if process.stdin is not None:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(timeout)
+
+
+def server_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamlab", "serve", "--port", "0", "--exit-on-stdin-eof", *args]
+
+
+def proxy_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamlab", "proxy", "--port", "0", "--exit-on-stdin-eof", *args]
+
+
+def start_server(
+    *args: str, ready_timeout: float = 180.0, env: dict[str, str] | None = None
+) -> RunningServer:
+    """Start ``python -m streamlab serve --port 0 ARGS``; call ``.stop()`` when done (or use ``serve``)."""
+    return start_process(server_command(*args), ready_timeout=ready_timeout, env=env, name="streamlab-serve")
+
+
+@contextmanager
+def serve(
+    *args: str, ready_timeout: float = 180.0, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """``with serve("--naive") as server:`` a model server on a free port, stopped on the way out."""
+    server = start_server(*args, ready_timeout=ready_timeout, env=env)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def proxy(
+    *args: str, ready_timeout: float = 60.0, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """``with proxy("--upstream", url) as p:`` the buffering proxy on a free port, stopped on the way out."""
+    running = start_process(
+        proxy_command(*args), ready_timeout=ready_timeout, env=env, name="streamlab-proxy"
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@contextmanager
+def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
+    """``with serve_in_process(lm, engine="threads") as server:`` a ``Server`` over ``lm`` in this process.
+
+    It runs on an event loop of its own, in a thread, on a free port of
+    127.0.0.1 (``server.port``; ``server.loop`` is its loop), with a
+    throwaway store unless ``db_path`` is given, and is shut down on the way
+    out. No process to start and no model to load again: a chapter that
+    has the model already serves it in seconds less (the tests serve a fake).
+    """
+    import asyncio
+
+    from streamlab.server import Server, ServerConfig
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="streamlab-in-process-server", daemon=True)
+    thread.start()
+    config.setdefault("db_path", os.path.join(tempfile.mkdtemp(prefix="streamlab-in-process-"), "streamlab.db"))
+    server = Server(lm, ServerConfig(port=0, **config))
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        server.loop = loop  # type: ignore[attr-defined]  # for callers that must run something on it
+        yield server
+    finally:
+        if server._listener is not None:
+            asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+# --------------------------------------------------------------------------
+# Servers a chapter needs, started together
+# --------------------------------------------------------------------------
+
+
+def start_servers(servers: dict[str, Sequence[str]], *, model_name: str | None = None) -> dict[str, Any]:
+    """Start every server a chapter needs at once (``label -> serve arguments``): label -> running server.
+
+    Each start is seconds of imports and loading the model, so a chapter
+    starts its servers once, together, at the top, and stops them at the end.
+    ``model_name`` adds ``--model`` to every server that loads one (not to
+    ``--upstream`` relays). If one fails, the others are stopped and its error raised.
+    """
+    def args(extra: Sequence[str]) -> list[str]:
+        relay = "--upstream" in extra or "--scripted-rate" in extra
+        return [*extra, *(["--model", model_name] if model_name and not relay else [])]
+
+    return _start_together({label: server_command(*args(extra)) for label, extra in servers.items()}, "streamlab-serve")
+
+
+def start_proxies(proxies: dict[str, Sequence[str]]) -> dict[str, Any]:
+    """Start every ``python -m streamlab proxy`` a chapter needs at once (``label -> proxy arguments``)."""
+    return _start_together({label: proxy_command(*extra) for label, extra in proxies.items()}, "streamlab-proxy")
+
+
+def start_platforms(platforms: dict[str, Sequence[str]]) -> dict[str, Any]:
+    """Start every ``python -m streamlab platform`` a chapter needs at once (``label -> platform arguments``)."""
+    from streamlab.hops.function_platform import platform_command
+
+    return _start_together({label: platform_command(*extra) for label, extra in platforms.items()}, "streamlab-platform")
+
+
+def _start_together(commands: dict[str, list[str]], name: str) -> dict[str, Any]:
+    """Start each command (one that says ``listening on URL``) in a thread of its own; label -> running process."""
+    with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
+        futures = {label: pool.submit(start_process, cmd, name=name) for label, cmd in commands.items()}
+        started, failed = {}, None
+        for label, future in futures.items():
+            try:
+                started[label] = future.result()
+            except Exception as exc:  # noqa: BLE001 - stop the others, then say which failed
+                failed = failed or exc
+    if failed is not None:
+        for running in started.values():
+            running.stop()
+        raise failed
+    return started

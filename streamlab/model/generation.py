@@ -1,0 +1,563 @@
+"""Run the model in a thread and hand text pieces to asyncio as they are made.
+
+A forward pass takes tens of milliseconds of pure computation. Run on the event
+loop it would freeze every connection the server holds (no pings answered, no
+disconnects noticed), so each generation gets a thread. The thread hands each
+piece over with ``loop.call_soon_threadsafe`` (an ``asyncio.Queue`` is not
+thread-safe), and checks a stop flag before every token: that flag is how a
+server that notices a departed client stops spending compute on it.
+
+The prompt is read in chunks of :data:`PREFILL_CHUNK` tokens, each its own turn
+with the model lock, the KV cache carried from one to the next. Read in one
+forward pass, a 4,000-token prompt holds the model for ~10-30 s on a 2-core
+CPU: every other stream freezes for that long, and a reader who leaves is only
+noticed at the end. In chunks, the other streams' tokens slip in between (the
+lock is fair: see :class:`streamlab.model.loading.FairLock`) and the stop flag is
+checked before each chunk. The price is more work in all, about a quarter on a
+CPU at the default size: see :data:`PREFILL_CHUNK` and ``benchmarks/prefill.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from streamlab.net.aio import run_sync
+from streamlab.model.backlog import Backlog
+from streamlab.model.detokenizer import Detokenizer, NaiveDetokenizer
+from streamlab.model.sampling import Sampler
+
+from streamlab.model.stop_sequences import StopSequences
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP_SEQUENCE, STOPPED  # why a generation ended
+
+# Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
+# Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with
+# `python benchmarks/prefill.py` (2026-12-01; the machine is shared, figures move
+# by ~30% between runs): one pass 17.5 s, and a 20-token request arriving 1 s in
+# waited 15.8 s for its first token. In chunks of 256: 23.0 s (+31%: smaller
+# matrix products, and attention that cannot use the one-pass causal kernel), no
+# turn with the lock over 1.9 s, the other request's first token in 0.6 s, a
+# stop obeyed in 0.5 s (one chunk). Chunks of 512 cost +12% but hold the lock up
+# to 3.3 s a turn; chunks of 128 hold it 1.4 s but cost +53%. On a GPU every
+# figure shrinks a hundredfold and any of these sizes is cheap.
+PREFILL_CHUNK = 256
+ROOM_POLL = 0.02  # seconds between looks for room, for a source on the event loop held back by its reader
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text safe to send, with the clock time it was made and the token count so far."""
+
+    text: str
+    time: float
+    tokens: int
+
+
+@dataclass
+class GenerationResult:
+    tokens: int
+    stop_reason: str
+    text: str
+    error: str | None = None
+    prompt_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+    stop_sequence: str | None = None  # the one that ended it, when stop_reason is "stop_sequence"
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by ``fail_after`` so tests can watch a stream fail mid-way."""
+
+
+def chat_template_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation in the model's chat template, ending where the assistant's turn begins."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(map(int, ids))
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int]:
+    """Token ids for ``prompt``: wrapped in the model's chat template when it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        return chat_template_ids(tokenizer, [{"role": "user", "content": prompt}])
+    return list(map(int, tokenizer(prompt)["input_ids"]))
+
+
+class PieceQueue:
+    """The pieces handed to the event loop and not yet taken: ``put_nowait``, ``get_nowait`` and ``ready()``.
+
+    ``ready()`` is a future that is done once an item is there, so that a
+    reader can wait for the next piece *or* for a keep-alive to fall due
+    with one future and one timer. With ``asyncio.Queue`` that wait needs
+    ``get()`` wrapped in a task for every piece (a task survives a timeout;
+    ``wait_for`` would cancel the get): at a thousand streams those tasks
+    were the biggest share of the server's CPU per event. A future resolved
+    by a timer is its reader's own: ``put_nowait`` wakes the others.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiters: list[asyncio.Future] = []
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def get_nowait(self) -> Any:
+        """The oldest item; ``asyncio.QueueEmpty`` when there is none."""
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    def ready(self) -> asyncio.Future:
+        """A future of this loop, done (True) once an item is queued; done already if one is."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._items:
+            waiter.set_result(True)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    def empty(self) -> bool:
+        return not self._items
+
+
+class PieceSource:
+    """What a server reads from anything that makes an answer: ``pieces()`` as they come, ``wait()`` for the end.
+
+    A subclass puts each ``Piece`` on ``self._queue``, a :class:`PieceQueue` (in the event loop),
+    then ``None``, sets ``self.result`` and then ``self.done``. Both
+    :class:`Generation` (a model in a thread) and the relay's
+    ``UpstreamGeneration`` (an HTTP stream from another server) are one.
+
+    Backpressure, for every kind of source (see :mod:`streamlab.model.backlog`):
+    ``set_backpressure(max_queued, slow_reader_timeout)`` bounds the pieces
+    handed over and not yet taken by the reader. A subclass counts each piece
+    it hands over with ``self.backlog.put()`` (``pieces()`` counts it taken)
+    and, before making the next one, lets the bound hold it back: a thread of
+    its own blocks in ``_wait_for_room()``, a task on the event loop awaits
+    ``_room()``, an engine that steps many answers asks ``has_room()``. Waiting
+    ``slow_reader_timeout`` seconds in all stops the answer with ``slow_reader``.
+    """
+
+    _queue: PieceQueue | None = None
+    done: asyncio.Event | None = None
+    result: GenerationResult | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceSource":
+        raise NotImplementedError
+
+    def stop(self, source: str = STOPPED) -> None:
+        raise NotImplementedError
+
+    @property
+    def stopping(self) -> bool:
+        raise NotImplementedError
+
+    def _stop_on_loop(self, source: str, halt: Callable[[], None]) -> None:
+        """``stop()`` for a source that lives on the event loop (no thread): note why, then ``halt`` once, there.
+
+        Any thread may call ``stop()``; the first reason given is the one
+        kept. Before ``start`` only the flag is set (``start`` looks at it).
+        """
+        if self.stop_source is None:
+            self.stop_source = source
+        if self._stopping:
+            return
+        self._stopping = True
+        if getattr(self, "_loop", None) is not None:
+            self._call_on_loop(halt)
+
+    def _call_on_loop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the source's event loop: now if this is its thread, else as soon as it can.
+
+        A closed loop has nobody left to tell, and is ignored.
+        """
+        loop = getattr(self, "_loop", None)
+        assert loop is not None
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            callback()
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop is closed: nothing is left to stop
+            pass
+
+    # -- backpressure ------------------------------------------------------------
+    def set_backpressure(self, max_queued: int | None = None, slow_reader_timeout: float | None = None) -> "PieceSource":
+        """Run at most ``max_queued`` pieces ahead of the reader; stop once that has cost ``slow_reader_timeout`` s of waiting.
+
+        None for either: no bound (today's default for a bare source), no
+        timeout. Call it before ``start``; returns the source.
+        """
+        self._backlog = Backlog(max_queued, slow_reader_timeout)
+        return self
+
+    @property
+    def backlog(self) -> Backlog:
+        """The counters and the bound: pieces queued now, the most queued, when the current wait began."""
+        backlog = self.__dict__.get("_backlog")
+        if backlog is None:  # unbounded; setdefault keeps one, whichever thread asks first
+            backlog = self.__dict__.setdefault("_backlog", Backlog())
+        return backlog
+
+    def has_room(self) -> bool:
+        """Whether the next piece may be made now: never blocks (for an engine that steps many answers at once).
+
+        False: leave this answer out of the step, its reader is ``max_queued``
+        pieces behind. Once it has waited ``slow_reader_timeout`` seconds in
+        all it is stopped (``slow_reader``) and the answer is True again: step it, so
+        that it sees its stop and ends. A stopping source always has room.
+        """
+        backlog = self.backlog
+        if self.stopping:
+            backlog.end_wait()
+            return True
+        if backlog.check():
+            return True
+        if backlog.overdue():
+            self.stop(SLOW_READER)
+            backlog.end_wait()
+            return True
+        return False
+
+    def _wait_for_room(self) -> None:
+        """Block the source's own thread while its reader is ``max_queued`` pieces behind (never holding a lock).
+
+        Returns when the reader takes a piece or leaves, when the source is
+        stopped (its ``stop`` calls ``self.backlog.wake()``), or after
+        ``slow_reader_timeout``, having stopped it with ``slow_reader``.
+        """
+        if not self.backlog.wait(lambda: self.stopping):
+            self.stop(SLOW_READER)
+
+    async def _room(self) -> None:
+        """``_wait_for_room`` for a source that runs on the event loop (the relay): it looks every ``ROOM_POLL`` s."""
+        while not self.has_room():
+            await asyncio.sleep(ROOM_POLL)
+
+    # -- the reader's side ---------------------------------------------------------
+    async def pieces(self, until: Callable[[asyncio.Future], Awaitable[bool]] | None = None) -> AsyncIterator[Piece | None]:
+        """Yield each piece as it is made; ``self.result`` is set at the end.
+
+        ``until`` waits for the next piece on the caller's terms: given the
+        queue's ``ready()`` future, it returns True once that is done, or False
+        to give up for now (a keep-alive is due), and then ``None`` is yielded
+        before waiting again. Without it, only pieces come.
+        """
+        self.start()
+        queue = self._queue
+        assert queue is not None
+        backlog = self.backlog
+        ended = False
+        try:
+            while True:
+                if queue.empty():
+                    ready = queue.ready()
+                    if until is None:
+                        await ready
+                    elif not await until(ready):
+                        yield None
+                        continue
+                item = queue.get_nowait()
+                if item is None:
+                    queue.put_nowait(None)  # a later reader ends too, instead of waiting forever
+                    ended = True
+                    return
+                backlog.take()
+                yield item
+        finally:
+            if not ended:
+                backlog.release()  # the reader left early: whatever runs on (--naive) runs for nobody, unbounded
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self.pieces()
+
+    async def wait(self) -> GenerationResult:
+        """Wait for the end (whether or not anyone reads the pieces)."""
+        self.start()
+        assert self.done is not None
+        await self.done.wait()
+        self._after_end()
+        assert self.result is not None
+        return self.result
+
+    def _after_end(self) -> None:
+        """Called once the end is known, before the result is returned (a thread is joined here)."""
+
+class Generation(PieceSource):
+    """One answer being generated: start it, iterate its pieces, stop it.
+
+    ``prefill_chunk`` is how many prompt tokens go through the model per
+    forward pass (and per turn with the lock); 0 or None reads the prompt in one
+    pass. ``prompt_tokens_read`` counts the prompt tokens read so far.
+
+    ``pauses`` maps a token count to seconds of silence after that token (for
+    the keep-alive experiments); ``fail_after`` raises an error after that many
+    tokens (for the errors-after-success experiments); ``token_delay`` adds a
+    fixed delay per token, standing in for a slower model.
+
+    ``stop_sequences`` end the answer where one of them appears in the text,
+    which is cut just before it (``stop_reason`` ``stop_sequence``, and
+    ``result.stop_sequence`` names it): see :mod:`streamlab.model.stop_sequences`.
+
+    ``scheduler``: something with ``submit(generation)`` that runs the model
+    for it instead of a thread of its own (a
+    :class:`streamlab.model.batching.BatchedEngine`, which steps every generation it
+    holds in one batch). Both ways share what happens to each token:
+    ``_before_step``, ``_accept`` and ``_end`` below.
+    """
+
+    def __init__(
+        self,
+        lm: Any,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_tokens: int = 100,
+        seed: int = 0,
+        top_p: float = 0.9,
+        temperature: float = 0.7,
+        repetition_penalty: float = 1.1,
+        chat: bool = True,
+        ignore_eos: bool = False,
+        naive_detokenizer: bool = False,
+        pauses: dict[int, float] | None = None,
+        fail_after: int | None = None,
+        token_delay: float = 0.0,
+        on_token: Callable[[int], None] | None = None,
+        prefill_chunk: int | None = PREFILL_CHUNK,
+        stop_sequences: Sequence[str] = (),
+        scheduler: Any = None,
+    ) -> None:
+        if prefill_chunk is not None and int(prefill_chunk) < 0:
+            raise ValueError("prefill_chunk must be a positive number of tokens, or 0/None for one pass")
+        if prompt_ids is None:
+            if prompt is None:
+                raise ValueError("give a prompt or prompt_ids")
+            prompt_ids = encode_prompt(lm.tokenizer, prompt, chat=chat)
+        self.lm = lm
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = int(max_tokens)
+        self.sampler = Sampler(seed=seed, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty)
+        self.ignore_eos = ignore_eos
+        detok_cls = NaiveDetokenizer if naive_detokenizer else Detokenizer
+        self.detokenizer = detok_cls(lm.tokenizer, self.prompt_ids)
+        self.pauses = dict(pauses or {})
+        self.fail_after = fail_after
+        self.token_delay = token_delay
+        self.on_token = on_token
+        self.prefill_chunk = int(prefill_chunk or 0)
+        self.stops = StopSequences(stop_sequences)
+        self.prompt_tokens_read = 0
+        self._stop = threading.Event()
+        self.stop_source: str | None = None
+        self.result: GenerationResult | None = None
+        self.tokens = 0
+        self.token_ids: list[int] = []
+        self._queue: PieceQueue | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.done: asyncio.Event | None = None
+        self.scheduler = scheduler
+        self._eos: set[int] = set()
+        self._texts: list[str] = []
+        self._times: list[float] = []
+        self._started = 0.0
+
+    # -- control -------------------------------------------------------------
+    def stop(self, source: str = "stopped") -> None:
+        """Ask the thread to stop before its next token or prompt chunk (safe from any thread)."""
+        if self.stop_source is None:
+            self.stop_source = source
+        self._stop.set()
+        self.backlog.wake()  # a hand-over waiting for room sees the flag now
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
+        if self.done is not None:
+            return self
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue = PieceQueue()
+        self.done = asyncio.Event()
+        if self.scheduler is not None:
+            self.scheduler.submit(self)  # its loop calls _begin, _before_step, _accept and _end
+            return self
+        self._thread = threading.Thread(target=self._run, name="streamlab-generation", daemon=True)
+        self._thread.start()
+        return self
+
+    def _after_end(self) -> None:
+        if self._thread is not None:
+            self._thread.join()  # it has handed everything over and is returning
+
+    # -- the thread ----------------------------------------------------------
+    def _hand_over(self, item: Piece | None) -> None:
+        assert self._loop is not None and self._queue is not None
+        if item is not None:
+            if threading.current_thread() is self._thread:
+                # Backpressure: the model's own thread waits (after the forward pass, not holding
+                # lm.lock) while the reader is max_queued pieces behind. An engine stepping many
+                # answers never waits here: it asks has_room() before stepping this one.
+                self._wait_for_room()
+            self.backlog.put()
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is left to read
+            pass
+
+    def _finish(self) -> None:
+        assert self._loop is not None and self.done is not None
+        try:
+            self._loop.call_soon_threadsafe(self.done.set)
+        except RuntimeError:
+            pass
+
+    def _prompt_chunks(self) -> list[list[int]]:
+        ids, size = self.prompt_ids, self.prefill_chunk or len(self.prompt_ids)
+        return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+    # -- what happens to each token: the thread below and streamlab.model.batching share it --
+    def _begin(self) -> None:
+        """The clock starts (``result.started``); called once, before the first forward pass."""
+        self._started = time.perf_counter()
+        self._eos = set() if self.ignore_eos else set(self.lm.eos_token_ids)
+
+    def _before_step(self) -> str | None:
+        """Before each forward pass: why to end now (max_tokens, stopped), or None to go on.
+
+        Raises :class:`InjectedFault` once ``fail_after`` tokens are out.
+        """
+        if self.tokens >= self.max_tokens:
+            return MAX_TOKENS
+        if self._stop.is_set():
+            return STOPPED
+        if self.fail_after is not None and self.tokens >= self.fail_after:
+            raise InjectedFault(f"injected fault after {self.tokens} tokens")
+        return None
+
+    def _accept(self, token: int, *, delay: bool = True) -> str | None:
+        """One sampled token: count it, hand its text over; why the answer ends here, or None.
+
+        ``delay=False``: the caller has slept ``token_delay`` already (a batch
+        sleeps once per step, not once per row).
+        """
+        if token in self._eos:
+            return EOS
+        self.tokens += 1
+        self.token_ids.append(token)
+        if delay and self.token_delay:
+            time.sleep(self.token_delay)
+        now = time.perf_counter()
+        self._times.append(now)
+        if self.on_token is not None:
+            self.on_token(self.tokens)
+        text = self.stops.feed(self.detokenizer.push(token))
+        if text:
+            self._texts.append(text)
+            self._hand_over(Piece(text, now, self.tokens))
+        if self.stops.matched is not None:
+            return STOP_SEQUENCE
+        return None
+
+    def _end(self, reason: str, error: str | None = None) -> None:
+        """The last text, the result, the end of the pieces, ``done``: once, whoever ran the model."""
+        tail = self.stops.feed(self.detokenizer.flush())
+        if self.stops.matched is not None and reason in (EOS, MAX_TOKENS):
+            reason = STOP_SEQUENCE  # the last characters completed a stop sequence
+        tail += self.stops.flush()
+        if tail:
+            self._texts.append(tail)
+            self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
+        self.result = GenerationResult(
+            tokens=self.tokens,
+            stop_reason=reason,
+            text="".join(self._texts),
+            error=error,
+            prompt_tokens=len(self.prompt_ids),
+            token_times=self._times,
+            started=self._started,
+            ended=time.perf_counter(),
+            stop_sequence=self.stops.matched,
+        )
+        self._hand_over(None)
+        self._finish()
+
+    def _run(self) -> None:
+        import torch
+
+        lm = self.lm
+        self._begin()
+        reason, error = MAX_TOKENS, None
+        # transformers 5 renamed the KV cache argument from past_key_values to cache.
+        params = inspect.signature(lm.model.forward).parameters
+        cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Only the last position's logits are needed (and only the last chunk's): skip projecting the rest.
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        past = None
+
+        def forward(ids: list[int]) -> Any:
+            """One forward pass, one turn with the (fair) lock; returns the last position's logits."""
+            nonlocal past
+            inputs = torch.tensor([ids], dtype=torch.long, device=lm.device)
+            with lm.lock, torch.inference_mode():
+                out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past}, **extra)
+            past = out[cache_arg] if cache_arg in out else out.past_key_values
+            return out.logits[0, -1]
+
+        try:
+            token: int | None = None  # the last token made, fed back in; None until the prompt is read
+            while (reason := self._before_step()) is None:
+                if token is None:
+                    if not self.prompt_ids:
+                        raise ValueError("the prompt has no tokens")
+                    for chunk in self._prompt_chunks():
+                        if self._stop.is_set():
+                            break
+                        logits = forward(chunk)
+                        self.prompt_tokens_read += len(chunk)
+                    if self._stop.is_set():  # during the prompt, or just after: no token for a departed reader
+                        reason = STOPPED
+                        break
+                else:
+                    logits = forward([token])
+                token = self.sampler(logits, self.token_ids)
+                reason = self._accept(token)
+                if reason is not None:
+                    break
+                pause = self.pauses.get(self.tokens)
+                if pause:
+                    self._stop.wait(pause)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
+            reason, error = ERROR, f"{type(exc).__name__}: {exc}"
+        past = None  # the KV cache can be large: let it go before the result is read
+        self._end(reason, error)
+
+
+def generate_text(lm: Any, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+    """Generate a whole answer synchronously (scripts, notebooks, tests); ``prompt_ids=`` works too."""
+
+    async def main() -> GenerationResult:
+        gen = Generation(lm, prompt, **kwargs)
+        async for _ in gen:
+            pass
+        return await gen.wait()
+
+    return run_sync(main())

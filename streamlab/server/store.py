@@ -1,0 +1,604 @@
+"""Persist conversations, and answers that stop halfway, in SQLite.
+
+A streamed answer can end in many ways besides the model finishing: the
+length limit, the reader closing the tab, the user pressing stop, an error,
+the server itself dying. Production keeps the partial text in every one of
+those cases, and records *why* it ended, because the next turn depends on it:
+an answer cut off at the length limit and fed back to the model unmarked
+reads as if it were complete.
+
+The rules this module follows, and why:
+
+* The user's message is committed *before* generation starts, so a crash can
+  never lose what the user typed, only (part of) the answer.
+* The assistant's row is created at once, with status ``streaming``. Text is
+  accumulated on the server, as it is sent, never taken back from the client
+  (the client may be gone, or lying), and written to the database at most
+  every ``flush_interval`` seconds: a crash loses at most that much text,
+  without paying a commit per token.
+* A row still ``streaming`` when the server starts again was left by a crash:
+  ``recover_interrupted`` closes it with the stop reason ``interrupted``.
+
+SQLite runs in WAL mode: readers (a notebook, a second process) never block
+the writer and never see half a transaction. With ``synchronous=NORMAL`` a
+commit does not wait for the disk; it survives the process being killed,
+though the last commits may be lost if the whole machine loses power.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+import uuid
+import weakref
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Callable, Iterator
+
+# Why an answer ended: the stop reasons of the whole project, defined once in stops.py.
+from streamlab.protocol.endings import (
+    CLIENT_LEFT,
+    COMPLETED,
+    ERROR,
+    INCOMPLETE_REASONS,
+    INTERRUPTED,
+    MAX_TOKENS,
+    SLOW_READER,
+    STOP_REASONS,
+    STOPPED,
+    stop_reason_for,
+)
+
+
+# --------------------------------------------------------------------------
+# Vocabulary
+# --------------------------------------------------------------------------
+
+# A message's status: an answer is "streaming" from its first moment until
+# ``finish`` (or recovery) makes it "done". User messages are born "done".
+STREAMING = "streaming"
+DONE = "done"
+
+# The note appended to an incomplete answer when history is fed back to the
+# model, so that neither the model nor the user takes it for a whole answer.
+CUT_OFF_MARKER = "\n\n[This answer was cut off: {reason}.]"
+CUT_OFF_WORDS: dict[str, str] = {
+    MAX_TOKENS: "it reached the length limit",
+    CLIENT_LEFT: "the reader left before it was finished",
+    STOPPED: "the user asked to stop",
+    ERROR: "an error ended it",
+    INTERRUPTED: "the server stopped before it was finished",
+    SLOW_READER: "its reader fell too far behind and the server stopped it",
+    STREAMING: "it was still being written",  # a row read before its writer finished
+}
+
+# --------------------------------------------------------------------------
+# Where the file lives, and what is in it
+# --------------------------------------------------------------------------
+
+
+def default_path() -> Path:
+    """``$STREAMLAB_DATA/streamlab.db``, else ``$XDG_DATA_HOME/streamlab/streamlab.db``,
+    else ``~/.local/share/streamlab/streamlab.db``.
+
+    Conversations are the user's data, not a cache: they belong in the data
+    folder, where nothing cleans them away.
+    """
+    if os.environ.get("STREAMLAB_DATA"):
+        return Path(os.environ["STREAMLAB_DATA"]).expanduser() / "streamlab.db"
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base).expanduser() / "streamlab" / "streamlab.db"
+
+
+# Each schema version is the list of statements that bring the file from the
+# version before it. ``PRAGMA user_version`` (an integer in the file's header)
+# records how far a file has come; a later version appends a list here.
+MIGRATIONS: list[list[str]] = [
+    [  # version 1
+        """CREATE TABLE conversations (
+            id      TEXT PRIMARY KEY,
+            created REAL NOT NULL,
+            title   TEXT
+        )""",
+        """CREATE TABLE messages (
+            id              TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id),
+            seq             INTEGER NOT NULL,          -- order within the conversation, from 1
+            role            TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content         TEXT NOT NULL DEFAULT '',
+            status          TEXT NOT NULL CHECK (status IN ('streaming', 'done')),
+            stop_reason     TEXT,                      -- NULL for user messages and while streaming
+            incomplete      INTEGER NOT NULL DEFAULT 0 CHECK (incomplete IN (0, 1)),
+            tokens          INTEGER NOT NULL DEFAULT 0,  -- generated tokens (answers only)
+            created         REAL NOT NULL,
+            updated         REAL NOT NULL,
+            error           TEXT
+        )""",
+        "CREATE UNIQUE INDEX messages_by_conversation ON messages (conversation_id, seq)",
+    ],
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+BUSY_TIMEOUT_MS = 5000  # wait this long for another process's write lock before failing
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    created: float
+    title: str | None
+
+
+@dataclass(frozen=True)
+class Message:
+    """One row of ``messages``; frozen because it is a snapshot, not a live view."""
+
+    id: str
+    conversation_id: str
+    seq: int
+    role: str
+    content: str
+    status: str
+    stop_reason: str | None
+    incomplete: bool
+    tokens: int
+    created: float
+    updated: float
+    error: str | None
+
+
+_MESSAGE_COLUMNS = ", ".join(Message.__dataclass_fields__)
+
+
+def _message(row: tuple) -> Message:
+    fields = dict(zip(Message.__dataclass_fields__, row))
+    fields["incomplete"] = bool(fields["incomplete"])
+    return Message(**fields)
+
+
+# --------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------
+
+
+class Store:
+    """One SQLite file of conversations, opened by one connection.
+
+    The server runs an asyncio loop, with generation in threads and a flush
+    timer per answer, so the connection is shared between threads
+    (``check_same_thread=False``). A connection has a single transaction state:
+    a lock around every use of it keeps one thread from reading, or
+    committing, another thread's half-done work. Each write is its own short
+    transaction, so the lock is held for microseconds. Other processes open
+    their own connections to the same file; WAL lets them read while we
+    write, and ``busy_timeout`` makes writers queue instead of failing.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        flush_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.flush_interval = float(flush_interval)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._writers: weakref.WeakSet[AnswerWriter] = weakref.WeakSet()
+        # isolation_level=None: no hidden BEGIN; every transaction here is spelled out.
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+        )
+        conn = self._conn
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # WAL is a property of the file (it persists); synchronous is per connection.
+        self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    def _migrate(self) -> None:
+        """Bring the file up to ``SCHEMA_VERSION``, in one transaction.
+
+        The version is read under the write lock, so two processes opening a
+        new file at once cannot both create its tables.
+        """
+        with self._transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} has schema version {version}; this streamlab knows "
+                    f"up to {SCHEMA_VERSION}. Upgrade streamlab to open it."
+                )
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[number - 1]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that reads before it writes: all of it, or none.
+
+        ``BEGIN IMMEDIATE`` takes the file's write lock at once, not at the
+        first write, so no other writer can change what we read in between.
+        (A single UPDATE or INSERT needs none of this: on its own, each
+        statement is already its own transaction.)
+        """
+        conn = self._db()
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("the store is closed")
+        return self._conn
+
+    def settings(self) -> dict[str, object]:
+        """The pragmas that matter, as the file and this connection report them."""
+        conn = self._db()
+        with self._lock:
+            names = ("journal_mode", "synchronous", "busy_timeout", "foreign_keys", "user_version")
+            return {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
+
+    # ---- conversations and the user's turn --------------------------------
+
+    def new_conversation(self, title: str | None = None) -> str:
+        """Create a conversation and return its id (a uuid4 in hex)."""
+        conversation_id = uuid.uuid4().hex
+        conn = self._db()
+        with self._lock:
+            conn.execute(
+                "INSERT INTO conversations (id, created, title) VALUES (?, ?, ?)",
+                (conversation_id, self.clock(), title),
+            )
+        return conversation_id
+
+    def _insert_message(self, conversation_id: str, role: str, content: str, status: str) -> Message:
+        """Insert a message at the end of its conversation and commit it.
+
+        The next ``seq`` is read and written in one transaction that holds
+        the write lock throughout: that is what keeps two writers (threads
+        or processes) from taking the same number.
+        """
+        message_id = uuid.uuid4().hex
+        now = self.clock()
+        with self._transaction() as conn:
+            if conn.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+                raise KeyError(f"no conversation {conversation_id!r}")
+            (seq,) = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?",
+                (conversation_id,),
+            ).fetchone()
+            conn.execute(
+                "INSERT INTO messages (id, conversation_id, seq, role, content, status,"
+                " incomplete, tokens, created, updated) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
+                (message_id, conversation_id, seq, role, content, status, now, now),
+            )
+        return Message(message_id, conversation_id, seq, role, content, status, None, False, 0, now, now, None)
+
+    def add_user_message(self, conversation_id: str, text: str) -> Message:
+        """Commit the user's message; call it *before* generation starts.
+
+        When this returns, the message is on disk for every other connection:
+        whatever happens to the answer, the question is not lost.
+        """
+        return self._insert_message(conversation_id, "user", text, DONE)
+
+    # ---- the assistant's turn ----------------------------------------------
+
+    def begin_answer(self, conversation_id: str) -> AnswerWriter:
+        """Create the answer's row now (``streaming``, empty) and return its writer.
+
+        The row exists from the first moment, so a crash before the first
+        flush still leaves a trace that recovery can close as ``interrupted``.
+        """
+        message = self._insert_message(conversation_id, "assistant", "", STREAMING)
+        writer = AnswerWriter(self, message)
+        self._writers.add(writer)
+        return writer
+
+    def _write_progress(self, message_id: str, content: str, tokens: int) -> None:
+        conn = self._db()
+        with self._lock:
+            conn.execute(
+                "UPDATE messages SET content = ?, tokens = ?, updated = ? WHERE id = ?",
+                (content, tokens, self.clock(), message_id),
+            )
+
+    def _write_final(
+        self, message_id: str, content: str, tokens: int, stop_reason: str, error: str | None
+    ) -> None:
+        conn = self._db()
+        with self._lock:
+            conn.execute(
+                "UPDATE messages SET content = ?, tokens = ?, status = ?, stop_reason = ?,"
+                " incomplete = ?, error = ?, updated = ? WHERE id = ?",
+                (content, tokens, DONE, stop_reason, int(stop_reason in INCOMPLETE_REASONS),
+                 error, self.clock(), message_id),
+            )
+
+    def recover_interrupted(self) -> int:
+        """Close every answer a crash left ``streaming``; return how many.
+
+        Call it at server start, before serving. Such a row keeps whatever
+        text its last flush wrote. It assumes that no other live process is
+        writing answers to the same file: their rows would look the same.
+        """
+        conn = self._db()
+        with self._lock:
+            cursor = conn.execute(
+                "UPDATE messages SET status = ?, stop_reason = ?, incomplete = 1, updated = ?"
+                " WHERE role = 'assistant' AND status = ?",
+                (DONE, INTERRUPTED, self.clock(), STREAMING),
+            )
+            return cursor.rowcount
+
+    # ---- reading -----------------------------------------------------------
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        conn = self._db()
+        with self._lock:
+            return conn.execute(sql, params).fetchall()
+
+    def history(self, conversation_id: str) -> list[Message]:
+        """The conversation's messages in order (empty if there is no such conversation)."""
+        rows = self._query(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY seq",
+            (conversation_id,),
+        )
+        return [_message(row) for row in rows]
+
+    def get_message(self, message_id: str) -> Message:
+        """One message by id; ``KeyError`` if there is none."""
+        rows = self._query(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,))
+        if not rows:
+            raise KeyError(f"no message {message_id!r}")
+        return _message(rows[0])
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        """One conversation by id, or None (``history`` cannot tell: a conversation may have no messages)."""
+        rows = self._query("SELECT id, created, title FROM conversations WHERE id = ?", (conversation_id,))
+        return Conversation(*rows[0]) if rows else None
+
+    def conversations(self) -> list[Conversation]:
+        """Every conversation, oldest first."""
+        rows = self._query("SELECT id, created, title FROM conversations ORDER BY created, rowid")
+        return [Conversation(*row) for row in rows]
+
+    def answers_by_reason(self) -> dict[str, int]:
+        """How many answers ended for each reason: every reason, zeros included.
+
+        Answers still being written are counted under ``"streaming"``, present
+        only when there are some.
+        """
+        counts = {reason: 0 for reason in STOP_REASONS}
+        rows = self._query(
+            "SELECT status, stop_reason, COUNT(*) FROM messages WHERE role = 'assistant'"
+            " GROUP BY status, stop_reason"
+        )
+        for status, reason, count in rows:
+            key = STREAMING if status == STREAMING else reason
+            counts[key] = counts.get(key, 0) + count
+        return counts
+
+    def rows(self, conversation_id: str | None = None) -> list[dict]:
+        """Messages as plain dicts (every column), for a table in a notebook."""
+        where, params = ("WHERE m.conversation_id = ?", (conversation_id,)) if conversation_id else ("", ())
+        rows = self._query(
+            f"SELECT {', '.join('m.' + c for c in Message.__dataclass_fields__)} FROM messages m"
+            f" JOIN conversations c ON c.id = m.conversation_id {where}"
+            " ORDER BY c.created, c.rowid, m.seq",
+            params,
+        )
+        return [asdict(_message(row)) for row in rows]
+
+    def as_chat_messages(self, conversation_id: str) -> list[dict[str, str]]:
+        """The conversation as ``[{"role", "content"}]`` for the model's next turn.
+
+        An incomplete answer is fed back with a note saying it was cut off
+        and why. Unmarked, a truncated answer reads as a complete one: the
+        model builds on it as if it had said all it meant to, and so does a
+        user reading the transcript.
+        """
+        chat = []
+        for message in self.history(conversation_id):
+            content = message.content
+            if message.role == "assistant" and (message.incomplete or message.status == STREAMING):
+                reason = STREAMING if message.status == STREAMING else message.stop_reason
+                note = CUT_OFF_MARKER.format(reason=CUT_OFF_WORDS.get(reason, reason))
+                content = content + note if content else note.lstrip("\n")
+            chat.append({"role": message.role, "content": content})
+        return chat
+
+    # ---- closing -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish any answer still being written as ``interrupted``, then close.
+
+        A server that shuts down cleanly thereby records the truth at once,
+        instead of leaving it to the next start's recovery. Safe to call twice.
+        """
+        if self._conn is None:
+            return
+        for writer in list(self._writers):
+            writer.finish(INTERRUPTED)
+        with self._lock:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AnswerWriter:
+    """Accumulates one answer as it is sent, and writes it down.
+
+    ``append`` is called with each piece the server sends. The text lives
+    in memory and reaches the database at most every ``flush_interval``
+    seconds: on the append that finds the interval passed, or, if the model
+    goes quiet (a long pause, a slow token), from a timer, so an appended
+    piece never waits longer than the interval to be written. ``finish``
+    writes the final text and why it ended.
+
+    The timer is an entry in the event loop's timer heap when ``append`` is
+    called on a running loop (the server), else a thread. A thread per answer
+    cost a server streaming to 1,000 readers 1,000 threads, each started anew
+    every second and each taking the GIL from the event loop to write: the
+    chapter 11 benchmark (``benchmarks/many_streams.py``) measured gaps of
+    0.5 s between events against a 50 ms schedule, and ten times the CPU per
+    event of uvicorn + Starlette.
+
+    A second ``finish`` is ignored and returns the row as it stands: the
+    first ending to arrive wins (the same rule as the server's
+    ``stop_signal``), so a disconnect and the model's own end racing each
+    other cannot fail the request. ``append`` after ``finish`` raises
+    ``RuntimeError``: text after the end is a bug.
+
+    As a context manager, leaving the ``with`` by an exception finishes with
+    ``error`` (the exception in ``error``); by a cancellation or an interrupt
+    (``BaseException`` that is not an ``Exception``, such as asyncio's
+    ``CancelledError``) with ``interrupted``, since nothing failed: the work
+    was called off. Leaving normally without ``finish`` is a bug: the answer
+    is closed as ``error`` and ``RuntimeError`` is raised.
+    """
+
+    def __init__(self, store: Store, message: Message) -> None:
+        self._store = store
+        self.message_id = message.id
+        self.conversation_id = message.conversation_id
+        self._parts: list[str] = []
+        self._tokens = 0
+        self._dirty = False
+        self._finished: Message | None = None
+        self._last_flush = message.created
+        self._timer: threading.Timer | asyncio.TimerHandle | None = None
+        # Guards the parts and the timer: appends come from the event loop,
+        # the timer fires in its own thread.
+        self._lock = threading.Lock()
+
+    @property
+    def text(self) -> str:
+        """All text appended so far (written to the database or not yet)."""
+        with self._lock:
+            return "".join(self._parts)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def finished(self) -> bool:
+        return self._finished is not None
+
+    def append(self, text: str, tokens: int) -> None:
+        """Add a piece that is being sent to the reader.
+
+        ``tokens`` is the running total of generated tokens (a ``Piece``'s
+        ``tokens``), not an increment: a piece may hold several tokens, or none.
+        """
+        with self._lock:
+            if self._finished is not None:
+                raise RuntimeError("append after finish")
+            if tokens < self._tokens:
+                raise ValueError(f"tokens is the running total; it went from {self._tokens} to {tokens}")
+            self._parts.append(text)
+            self._tokens = tokens
+            self._dirty = True
+            waited = self._store.clock() - self._last_flush
+            if waited >= self._store.flush_interval:
+                self._flush_locked()
+            elif self._timer is None:
+                # Nothing more may come for a while: make sure this piece is
+                # written within the interval anyway.
+                delay = min(max(self._store.flush_interval - waited, 0.0), self._store.flush_interval)
+                self._timer = self._start_timer(delay)
+
+    def _start_timer(self, delay: float) -> threading.Timer | asyncio.TimerHandle:
+        """``_on_timer`` in ``delay`` seconds: on the caller's event loop if it runs one, else in a thread."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            timer = threading.Timer(delay, self._on_timer)
+            timer.daemon = True
+            timer.start()
+            return timer
+        return loop.call_later(delay, self._on_timer)
+
+    def flush(self) -> None:
+        """Write the progress now (normally left to ``append`` and the timer)."""
+        with self._lock:
+            if self._finished is None:
+                self._flush_locked()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._finished is None:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._last_flush = self._store.clock()
+        if self._dirty:
+            self._store._write_progress(self.message_id, "".join(self._parts), self._tokens)
+            self._dirty = False
+
+    def finish(self, stop_reason: str, *, error: str | None = None) -> Message:
+        """Write the final text, status ``done``, the stop reason and the incomplete flag.
+
+        Returns the finished row. Called again, it changes nothing and
+        returns the row from the first call.
+        """
+        if stop_reason not in STOP_REASONS:
+            raise ValueError(f"unknown stop reason {stop_reason!r}; expected one of {STOP_REASONS}")
+        with self._lock:
+            if self._finished is not None:
+                return self._finished
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._store._write_final(self.message_id, "".join(self._parts), self._tokens, stop_reason, error)
+            self._finished = self._store.get_message(self.message_id)
+        self._store._writers.discard(self)
+        return self._finished
+
+    def __enter__(self) -> AnswerWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.finished:
+            return
+        if exc is None:
+            self.finish(ERROR, error="the writer was closed without finish()")
+            raise RuntimeError("AnswerWriter left without finish(); closed as 'error'")
+        if isinstance(exc, Exception):
+            self.finish(ERROR, error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.finish(INTERRUPTED, error=type(exc).__name__)

@@ -1,0 +1,157 @@
+"""The package's shape, checked: layers that import one way, no import circles, no oversized module.
+
+Read from the source with ``ast`` (nothing is imported), so every import counts:
+at the top of a module, inside a function, and under ``if TYPE_CHECKING:``.
+
+    book      the chapters' helpers, plots, figures, the report, grading, the bench runner
+    lab       the experiments behind the chapters, the rival servers, llama.cpp, curl, the browser
+    server | hops | client     (side by side: none imports another)
+    model     loading, sampling, the detokenizer, generation, batching, backlog
+    net       the thin asyncio glue the servers and clients share
+    protocol  HTTP, SSE, WebSocket and the stop vocabulary: bytes in, events out
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "streamlab"
+LAYERS: list[tuple[str, ...]] = [
+    ("book",),
+    ("lab",),
+    ("server", "hops", "client"),
+    ("model",),
+    ("net",),
+    ("protocol",),
+]
+TOP = {"streamlab", "streamlab.__main__", "streamlab.cli"}  # the entry points, above every layer
+MAX_TOP_MODULES = 12
+MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every streamlab module ``name`` imports, wherever the import stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in MODULES and t != name}
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    if name in TOP or len(parts) < 2:
+        return None
+    for rank, packages in enumerate(LAYERS):
+        if parts[1] in packages:
+            return rank
+    return None
+
+
+def test_every_module_is_in_a_layer() -> None:
+    homeless = [name for name in MODULES if name not in TOP and layer_of(name) is None]
+    assert not homeless, f"modules outside every layer (add them to a package): {homeless}"
+
+
+def test_the_top_of_the_package_stays_small() -> None:
+    top = [p.name for p in PACKAGE.glob("*.py")]
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
+def test_imports_run_one_way_through_the_layers() -> None:
+    wrong = []
+    for name, targets in GRAPH.items():
+        rank = layer_of(name)
+        if rank is None:
+            continue
+        for target in sorted(targets):
+            other = layer_of(target)
+            if other is None:
+                wrong.append(f"{name} -> {target} (the entry points import the layers, not the other way)")
+            elif other < rank:
+                wrong.append(f"{name} -> {target} (up from {LAYERS[rank]} to {LAYERS[other]})")
+            elif other == rank and name.split(".")[1] != target.split(".")[1]:
+                wrong.append(f"{name} -> {target} (sideways: {LAYERS[rank]} do not import each other)")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_600_lines(name: str) -> None:
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines: split it along a seam"
+
+
+def test_no_module_is_named_like_the_standard_library() -> None:
+    clashes = [name for name in MODULES if name.rpartition(".")[2] in sys.stdlib_module_names]
+    assert not clashes, clashes
