@@ -32,6 +32,7 @@ run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab report --screenshot build/screenshot-report.png --skip-if-unavailable
 
 test: $(STAMP) system-deps
+	$(BIN)/ruff check streamlab tests benchmarks
 	$(BIN)/python -m streamlab info --tokens 20
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -20,7 +20,7 @@ from inprocess import serving
 from streamlab.client import timed as client
 from streamlab.book.bench import SCRIPTS, parse_line
 from streamlab.lab.many_streams import StreamReading, percentile, summarize
-from streamlab.server.engines import engine_for
+from streamlab.server.sources import source_for
 from streamlab.server.scripted import ScriptedEngine, ScriptedGeneration, script_text
 from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
@@ -72,7 +72,7 @@ def test_a_stop_sequence_ends_it_as_a_model_would():
 def test_the_engine_says_scripted_wherever_its_name_shows():
     engine = ScriptedEngine(20)
     assert engine.name == "scripted-20-tok/s" and engine.kind == "scripted"
-    assert engine_for(engine) is engine
+    assert source_for(engine) is engine
     with serving(ScriptedEngine(100)) as server:
         health = client.get_json_sync(server.port, "/health")
         assert health["model"] == "scripted-100-tok/s" and health["engine"] == "scripted"

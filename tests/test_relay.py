@@ -16,7 +16,7 @@ from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import serving
 from streamlab.client import timed as client
 from streamlab.lab import runner
-from streamlab.server.engines import UpstreamEngine
+from streamlab.server.sources import UpstreamSource
 
 LONG = 60  # tokens asked for with ignore_eos: the script repeats
 
@@ -31,7 +31,7 @@ def upstream():
 def relays(upstream):
     """``relays[naive]``: a relay to the upstream, watching (False) or naive (True)."""
     url = f"http://127.0.0.1:{upstream.port}"
-    with serving(UpstreamEngine(url), naive=False) as watching, serving(UpstreamEngine(url), naive=True) as naive:
+    with serving(UpstreamSource(url), naive=False) as watching, serving(UpstreamSource(url), naive=True) as naive:
         yield {False: watching, True: naive}
 
 
@@ -116,7 +116,7 @@ def test_an_upstream_that_is_down_is_an_error_not_a_hang():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nobody listens here once it closes
-    with serving(UpstreamEngine(f"http://127.0.0.1:{port}", model="nobody")) as relay:
+    with serving(UpstreamSource(f"http://127.0.0.1:{port}", model="nobody")) as relay:
         started = time.monotonic()
         trace = client.post_sync(relay.port, "/stream", {"prompt": "Hi", "max_tokens": 5})
         assert trace.error is not None and time.monotonic() - started < 5

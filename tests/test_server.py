@@ -19,7 +19,7 @@ import pytest
 from streamlab.client import timed as client
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
-from streamlab.protocol.http_head import HTTPError, parse_response_head
+from streamlab.protocol.http_head import parse_response_head
 from streamlab.server import ClientConnection, ClientGone
 from streamlab.server.config import MAX_ACTIVE
 

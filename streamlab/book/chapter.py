@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
-import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from streamlab.lab.records import (  # noqa: F401 - the chapters read these from here
     BUILD, DATA, NOTEBOOKS, REPO, RUN_ID, RUNS, Recorded, load_prompts, plain, recorded, runs_folder,

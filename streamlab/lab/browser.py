@@ -491,7 +491,7 @@ def cross_site_attempt(
             driver.execute_script("window.attack.start(arguments[0])", name)
             try:
                 result = wait_for(
-                    lambda: driver.execute_script(
+                    lambda name=name: driver.execute_script(
                         "const r = window.attack.results[arguments[0]]; return r && r.settled ? r : null", name
                     ),
                     timeout,

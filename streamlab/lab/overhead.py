@@ -176,13 +176,13 @@ class _Recording:
 
 def _serve_in_thread(lm: Any, **config: Any) -> tuple[Any, Any, asyncio.AbstractEventLoop, threading.Thread]:
     from streamlab.server import Server, ServerConfig
-    from streamlab.server.engines import engine_for
+    from streamlab.server.sources import source_for
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="overhead-server", daemon=True)
     thread.start()
     folder = tempfile.mkdtemp(prefix="streamlab-overhead-")
-    engine = _Recording(engine_for(lm))
+    engine = _Recording(source_for(lm))
     server = Server(engine, ServerConfig(port=0, db_path=os.path.join(folder, "streamlab.db"), **config))
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
     return server, engine, loop, thread

@@ -348,7 +348,6 @@ def load_model(
     ``name`` may be a Hugging Face id (needs the hub, or its files already in the
     Hugging Face cache) or a local folder, exactly as ``from_pretrained`` takes.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()

@@ -65,6 +65,7 @@ __all__ = [
     "Jobs",
     "LogRecord",
     "Route",
+    "STATIC",
     "Server",
     "ServerConfig",
     "Turn",

@@ -24,7 +24,7 @@ from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
 from streamlab.server.config import RETRY_AFTER, RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
-from streamlab.server.engines import engine_for
+from streamlab.server.sources import source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
 from streamlab.server.jobs import Jobs, LogRecord, title
@@ -65,8 +65,8 @@ class Server:
     """Routes, generations and their log, behind one listening socket."""
 
     def __init__(self, lm: Any, config: ServerConfig | None = None) -> None:
-        """``lm``: a loaded model (or a fake one), or an engine (``engines.UpstreamEngine`` to relay)."""
-        self.engine = engine_for(lm)
+        """``lm``: a loaded model (or a fake one), or a token source (``sources.UpstreamSource`` to relay)."""
+        self.source = source_for(lm)
         self.config = config or ServerConfig()
         self.routes = [
             Route("/complete", {"POST": self.complete}),
@@ -108,8 +108,8 @@ class Server:
             file=sys.stderr,
             flush=True,
         )
-        await self.engine.start()
-        self.jobs = Jobs(self.engine, self.config, self._store)
+        await self.source.start()
+        self.jobs = Jobs(self.source, self.config, self._store)
         self.registry = Registry(self.jobs, self.config)
         self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536,
                                                     backlog=self.config.backlog)
@@ -246,18 +246,18 @@ class Server:
     async def chat_completions(self, client: ClientConnection, request: Request) -> bool:
         """``POST /v1/chat/completions``: OpenAI's Chat Completions, streamed or whole."""
         req = openai_api.parse_request(await self._body(client, request))
-        fmt = openai_api.ChatCompletionFormat(self.engine.name, include_usage=req.include_usage)
+        fmt = openai_api.ChatCompletionFormat(self.source.name, include_usage=req.include_usage)
         return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
 
     async def messages(self, client: ClientConnection, request: Request) -> bool:
         """``POST /v1/messages``: Anthropic's Messages, streamed or whole."""
         req = anthropic_api.parse_request(await self._body(client, request))
-        fmt = anthropic_api.MessagesFormat(self.engine.name)
+        fmt = anthropic_api.MessagesFormat(self.source.name)
         return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
 
     async def models(self, client: ClientConnection, request: Request) -> bool:
         """``GET /v1/models``: the model this server answers with (what the ``openai`` SDK lists)."""
-        return await responses.respond_json(client, request, openai_api.models_body(self.engine.name))
+        return await responses.respond_json(client, request, openai_api.models_body(self.source.name))
 
     async def _whole(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
         """The whole answer in one JSON body, in the route's format; nothing is written until the end.
@@ -419,7 +419,7 @@ class Server:
 
     async def health(self, client: ClientConnection, request: Request) -> bool:
         """``GET /health``: up, which model, which mode, how busy."""
-        body = {"ok": True, "model": self.engine.name, "engine": self.engine.kind, "naive": self.config.naive,
+        body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": self.config.naive,
                 "active": len(self.jobs.running), "max_active": self.config.max_active}
         return await responses.respond_json(client, request, body)
 

@@ -12,7 +12,7 @@ from typing import Any
 from streamlab.server.app import Server
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
 from streamlab.server.connection import serve_until_signalled
-from streamlab.server.engines import UpstreamEngine
+from streamlab.server.sources import UpstreamSource
 from streamlab.server.scripted import ScriptedEngine
 
 SPARE_FILES = 64  # descriptors besides the connections: the store, the listener, pipes, imports
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         engine: Any = ScriptedEngine(args.scripted_rate)
         print(f"streamlab: no model: a scripted source, {engine.name}", file=sys.stderr, flush=True)
     elif args.upstream:
-        engine = UpstreamEngine(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"))
+        engine = UpstreamSource(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"))
         print(f"streamlab: relaying to {engine.url}", file=sys.stderr, flush=True)
     else:
         with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for

@@ -97,14 +97,14 @@ class Turn:
 
     ``prompt_ids`` is what the model reads: the prompt alone, or the whole
     conversation in the chat template when the request continued one or sent
-    a transcript (the OpenAI and Anthropic routes). An upstream engine counts
+    a transcript (the OpenAI and Anthropic routes). An upstream source counts
     the prompt itself: then ``prompt_ids`` is empty.
     """
 
     conversation_id: str
     user_message_id: str
     prompt_ids: list[int]
-    messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream engine is sent)
+    messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream source is sent)
 
 
 @dataclass(eq=False)
@@ -157,8 +157,8 @@ def title(prompt: str) -> str:
 class Jobs:
     """Every generation the server runs, its log, and the admission limit."""
 
-    def __init__(self, engine: Any, config: ServerConfig, store: Store) -> None:
-        self.engine = engine  # engines.LocalEngine or engines.UpstreamEngine
+    def __init__(self, source: Any, config: ServerConfig, store: Store) -> None:
+        self.source = source  # sources.ModelSource or sources.UpstreamSource
         self.config = config
         self.store = store
         self.running: set[Job] = set()
@@ -191,9 +191,9 @@ class Jobs:
             messages = (*store.as_chat_messages(req.conversation_id), {"role": "user", "content": req.prompt})
         else:
             messages = req.messages or ({"role": "user", "content": req.prompt},)
-        prompt_ids = self.engine.prompt_ids(messages, chat=req.chat)
+        prompt_ids = self.source.prompt_ids(messages, chat=req.chat)
         if prompt_ids:
-            check_context(len(prompt_ids), req.max_tokens, self.engine.context_length)
+            check_context(len(prompt_ids), req.max_tokens, self.source.context_length)
         conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
         user = store.add_user_message(conversation_id, req.prompt)
         return Turn(conversation_id, user.id, prompt_ids, tuple(messages))
@@ -221,7 +221,7 @@ class Jobs:
             generation_id=generation_id,
             prompt_tokens=len(turn.prompt_ids),
         )
-        generation = self.engine.generation(req, turn.prompt_ids, turn.messages, config, record.count_tokens)
+        generation = self.source.generation(req, turn.prompt_ids, turn.messages, config, record.count_tokens)
         if isinstance(generation, PieceSource):  # the backpressure policy, whichever engine makes the pieces
             generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
         answer = self.store.begin_answer(turn.conversation_id)

@@ -43,7 +43,6 @@ from typing import Callable, Iterator
 # Why an answer ended: the stop reasons of the whole project, defined once in stops.py.
 from streamlab.protocol.endings import (
     CLIENT_LEFT,
-    COMPLETED,
     ERROR,
     INCOMPLETE_REASONS,
     INTERRUPTED,
@@ -51,7 +50,6 @@ from streamlab.protocol.endings import (
     SLOW_READER,
     STOP_REASONS,
     STOPPED,
-    stop_reason_for,
 )
 
 

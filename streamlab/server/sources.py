@@ -1,9 +1,9 @@
 """Where the tokens come from: the model in this process, or an OpenAI-compatible server upstream.
 
-``Jobs`` asks an engine three things: how many tokens a conversation is (to
+``Jobs`` asks a source three things: how many tokens a conversation is (to
 refuse what cannot fit before any compute), how large the context is, and
 for a running generation. Everything else (admission, the stored answer,
-the disconnect watch, every wire format) is the same whichever engine
+the disconnect watch, every wire format) is the same whichever source
 answers, which is what makes streamlab a relay: ``--upstream URL`` swaps
 the model for a server elsewhere (vLLM, llama.cpp, Ollama, another
 streamlab), and our client leaving closes the upstream request at once.
@@ -32,7 +32,7 @@ def plain_text(messages: Messages) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
 
 
-class LocalEngine:
+class ModelSource:
     """The model loaded in this process: prompts counted in its tokens, generations in threads or in one batch.
 
     ``config.engine`` chooses: ``threads``, a thread per generation; ``batched``,
@@ -96,7 +96,7 @@ class LocalEngine:
         )
 
 
-class UpstreamEngine:
+class UpstreamSource:
     """An OpenAI-compatible server elsewhere: every generation is a streamed chat completion there.
 
     No tokenizer here, so the upstream counts the prompt (and refuses what does
@@ -157,6 +157,6 @@ class UpstreamEngine:
         return UpstreamGeneration(self.url, body, on_token=on_token, api_key=self.api_key)
 
 
-def engine_for(lm_or_engine: Any) -> Any:
-    """The server takes a loaded model (or a fake one) or an engine."""
-    return lm_or_engine if hasattr(lm_or_engine, "generation") and hasattr(lm_or_engine, "kind") else LocalEngine(lm_or_engine)
+def source_for(lm_or_source: Any) -> Any:
+    """The server takes a loaded model (or a fake one) or a token source."""
+    return lm_or_source if hasattr(lm_or_source, "generation") and hasattr(lm_or_source, "kind") else ModelSource(lm_or_source)
