@@ -1,0 +1,70 @@
+"""The package as a user installs it: a wheel that carries its data, and a library that runs without the checkout.
+
+An editable install reads the repository, so a missing piece of package data
+(the prompts, the page) only shows once someone runs ``pip install .``. Here
+the wheel is built, installed (not editable) into a folder of its own, and a
+fresh interpreter that cannot see the repository loads the model and runs
+chapter 1's first experiment from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        check=True, capture_output=True, cwd=out,
+    )
+    (built,) = out.glob("streamlab-*.whl")
+    return built
+
+
+def test_the_wheel_carries_the_prompts_and_the_page(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        prompts = json.loads(archive.read("streamlab/data/prompts.json"))
+    assert prompts == json.loads((REPO / "data" / "prompts.json").read_text(encoding="utf-8"))
+    assert {"streamlab/static/index.html", "streamlab/static/app.js", "streamlab/static/style.css"} <= names
+    assert not [n for n in names if n.startswith(("tests/", "notebooks/", "benchmarks/"))]
+
+
+@pytest.mark.model
+def test_an_installed_wheel_loads_the_model_and_runs_chapter_1s_first_experiment(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    script = """
+import streamlab
+from streamlab.lab.records import load_prompts
+from streamlab.model.detokenizer import Detokenizer, NaiveDetokenizer, detokenize, broken_pieces
+lm = streamlab.load_model()
+sentence = "Con v\u1eb9t \U0001f99c n\u00f3i: m\u00f4 h\u00ecnh sinh v\u0103n b\u1ea3n t\u1eebng token m\u1ed9t \U0001fae0"
+ids = lm.tokenizer(sentence, add_special_tokens=False)["input_ids"]
+naive = detokenize(NaiveDetokenizer(lm.tokenizer), ids)
+incremental = detokenize(Detokenizer(lm.tokenizer), ids)
+print(streamlab.__file__)
+print(len(load_prompts()), broken_pieces(naive), broken_pieces(incremental), "".join(incremental) == sentence)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where, figures = done.stdout.strip().splitlines()[-2:]
+    assert Path(where).resolve().is_relative_to(target.resolve()), where  # the installed copy, not the checkout
+    count, naive_broken, incremental_broken, equal = figures.split()
+    assert int(count) == 20
+    assert int(naive_broken) > 0 and int(incremental_broken) == 0 and equal == "True"
