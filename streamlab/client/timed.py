@@ -17,6 +17,14 @@ browser's page has one).
     trace.first_text, trace.end, trace.ratio
 
 Each coroutine has a ``*_sync`` twin for scripts and notebooks.
+
+This module holds the HTTP side (``/complete``, ``/stream``, the resumable
+events, the small JSON requests) and the synchronous twins. The connecting,
+reading and request writing it shares with the WebSocket side are in
+``streamlab.client.wire``; the WebSocket itself is in
+``streamlab.client.timed_websocket``. ``request_body``, ``post_request`` and
+``websocket`` are re-exported here, so ``from streamlab.client import timed
+as client`` reaches all of them.
 """
 
 from __future__ import annotations
@@ -24,15 +32,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, TypeVar
 
-from streamlab.protocol import websocket as ws
 from streamlab.net.aio import run_sync
 from streamlab.protocol.http_head import IncompleteBody
-from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent, last_id, record_message
+from streamlab.client.timed_websocket import websocket
+from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent, last_id
+from streamlab.client.wire import _close, _connect, _head, _host_header, _recv, post_request, request_body
 
 __all__ = [
     "ClientError",
@@ -77,99 +85,9 @@ class ClientError(Exception):
         self.body = body
 
 
-def request_body(
-    prompt: str,
-    max_tokens: int = 100,
-    *,
-    seed: int | None = None,
-    chat: bool | None = None,
-    ignore_eos: bool | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The request JSON; fields left at None are left to the server's defaults."""
-    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
-    for name, value in (("seed", seed), ("chat", chat), ("ignore_eos", ignore_eos)):
-        if value is not None:
-            body[name] = value
-    body.update(extra or {})
-    return body
-
-
-# --------------------------------------------------------------------------
-# Socket helpers
-# --------------------------------------------------------------------------
-
-
-async def _connect(host: str, port: int, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    connecting = asyncio.open_connection(host.strip("[]"), port)
-    reader, writer = await asyncio.wait_for(connecting, timeout)
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # our small writes go out at once
-    return reader, writer
-
-
-async def _recv(reader: asyncio.StreamReader, size: int, until: float) -> bytes | None:
-    """One read; None when ``until`` (a ``perf_counter`` time) passes first."""
-    left = until - time.perf_counter()
-    if left <= 0:
-        return None
-    try:
-        return await asyncio.wait_for(reader.read(size), left)
-    except asyncio.TimeoutError:
-        return None
-    except ConnectionError:
-        return b""
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    try:
-        await asyncio.wait_for(writer.wait_closed(), 2.0)
-    except (OSError, asyncio.TimeoutError):
-        pass
-
-
-def _host_header(host: str, port: int) -> str:
-    """The ``Host`` value for ``host:port``; an IPv6 literal goes in brackets (``[::1]:8000``)."""
-    name = host.strip("[]")
-    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
-
-
-def _head(lines: list[str]) -> bytes:
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
 # --------------------------------------------------------------------------
 # HTTP: /complete and /stream
 # --------------------------------------------------------------------------
-
-
-def post_request(
-    port: int,
-    path: str,
-    body: dict[str, Any],
-    *,
-    host: str = "127.0.0.1",
-    http10: bool = False,
-    headers: list[tuple[str, str]] | None = None,
-) -> bytes:
-    """The bytes of a JSON POST as this client writes it: the head, then ``body`` as UTF-8 JSON.
-
-    ``Host`` names the server, ``Content-Type: application/json`` (a server
-    refuses a POST without it, 415), ``Content-Length``, ``Connection: close``;
-    then ``headers`` (``Accept-Encoding: gzip``, as a browser sends).
-    """
-    payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    head = _head([
-        f"POST {path} {'HTTP/1.0' if http10 else 'HTTP/1.1'}",
-        f"Host: {_host_header(host, port)}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(payload)}",
-        "Connection: close",
-        *(f"{name}: {value}" for name, value in headers or ()),
-    ])
-    return head + payload
 
 
 async def _read_response(
@@ -330,158 +248,6 @@ async def resume(
     first = await events(port, path, stop_after=drop_after, timeout=timeout, host=host)
     second = await events(port, path, last_event_id=last_id(first), timeout=timeout, host=host)
     return first, second
-
-
-# --------------------------------------------------------------------------
-# WebSocket: /ws
-# --------------------------------------------------------------------------
-
-
-def _frame_size(payload: int) -> int:
-    """Bytes of an unmasked frame (server to client) carrying ``payload`` bytes."""
-    return payload + (2 if payload <= 125 else 4 if payload <= 0xFFFF else 10)
-
-
-class _WebSocketReading:
-    """Frames in, trace entries out; answers pings and CLOSE, says stop or leaves when told."""
-
-    def __init__(
-        self, trace: Trace, writer: asyncio.StreamWriter, stop_after: int | None, say_stop: bool
-    ) -> None:
-        self.trace = trace
-        self.writer = writer
-        self.conn = ws.Connection(client=True)
-        self.stop_after = stop_after
-        self.say_stop = say_stop
-        self.said_stop = False
-        self.finished = False
-
-    def feed(self, data: bytes, t: float) -> None:
-        for event in self.conn.receive(data):
-            if isinstance(event, ws.TextMessage):
-                record_message(self.trace, event.text, _frame_size(len(event.text.encode("utf-8"))), t)
-            elif isinstance(event, ws.Ping):
-                self.trace.got_event(t, "ping", nbytes=_frame_size(len(event.payload)))
-                self.writer.write(self.conn.send_pong(event.payload))
-            elif isinstance(event, ws.CloseReceived):
-                self.trace.close_code = event.code
-                self.trace.got_event(
-                    t, "close", event.reason, _frame_size(2 + len(event.reason.encode())), event.code
-                )
-                if not self.conn.close_sent:
-                    self.writer.write(
-                        self.conn.send_close(event.code if ws.is_valid_close_code(event.code) else 1000)
-                    )
-                self.finished = True
-                return
-        self._maybe_leave()
-
-    def _maybe_leave(self) -> None:
-        if self.stop_after is None or self.finished or len(self.trace.text_events) < self.stop_after:
-            return
-        if self.say_stop:
-            if not self.said_stop:
-                self.writer.write(self.conn.send_text(json.dumps({"stop": True})))
-                self.said_stop = True
-            return
-        # Leave without a word about the answer: CLOSE, then hang up.
-        self.writer.write(self.conn.send_close(1001, "going away"))
-        self.trace.left = True
-        self.finished = True
-
-
-async def _handshake(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    trace: Trace,
-    *,
-    host: str,
-    port: int,
-    path: str,
-    origin: str | None,
-    deadline: float,
-    read_size: int,
-) -> bytes | None:
-    """Send the upgrade request and read the answer: the frame bytes that came with it, None if refused."""
-    key = ws.new_key()
-    trace.sent = time.perf_counter()
-    writer.write(ws.client_handshake(_host_header(host, port), path, key, origin=origin))
-    await writer.drain()
-    reading = ResponseRecorder(trace, "GET")
-    while trace.status is None:
-        data = await _recv(reader, read_size, deadline)
-        if data is None:
-            raise TimeoutError("no answer to the WebSocket handshake")
-        if not data:
-            raise ConnectionError("connection closed during the WebSocket handshake")
-        reading.feed(data, trace.got_bytes(len(data)))
-    if trace.status == 101:
-        ws.check_server_response(trace.status, trace.headers, key)
-        return reading.head.rest
-    while not reading.done:  # a refusal: read its JSON error body
-        data = await _recv(reader, read_size, deadline)
-        if not data:
-            reading.eof()
-            break
-        reading.feed(data, trace.got_bytes(len(data)))
-    return None
-
-
-async def websocket(
-    port: int,
-    prompt: str,
-    max_tokens: int = 100,
-    *,
-    host: str = "127.0.0.1",
-    stop_after: int | None = None,
-    say_stop: bool = False,
-    seed: int | None = None,
-    chat: bool | None = None,
-    ignore_eos: bool | None = None,
-    extra: dict[str, Any] | None = None,
-    path: str = "/ws",
-    origin: str | None = None,
-    timeout: float = 120.0,
-    read_size: int = 65536,
-) -> Trace:
-    """Open a WebSocket, send the request message, trace every frame until CLOSE.
-
-    ``sent`` is when the upgrade request was written, so the handshake's
-    round trip counts, as it would for a user. ``stop_after=N`` acts after N
-    text messages: with ``say_stop`` it sends ``{"stop": true}`` and reads on
-    to the ``done`` message; without, it sends CLOSE and hangs up.
-    ``origin`` sends an ``Origin`` as a browser's page would; by default
-    there is none, as from any program that is not a browser.
-    """
-    trace = Trace(way="ws")
-    reader, writer = await _connect(host, port, timeout)
-    try:
-        deadline = time.perf_counter() + timeout
-        early = await _handshake(
-            reader, writer, trace, host=host, port=port, path=path, origin=origin, deadline=deadline,
-            read_size=read_size,
-        )
-        if early is None:
-            trace.finish()
-            return trace
-        reading = _WebSocketReading(trace, writer, stop_after, say_stop)
-        body = request_body(prompt, max_tokens, seed=seed, chat=chat, ignore_eos=ignore_eos, extra=extra)
-        writer.write(reading.conn.send_text(json.dumps(body, ensure_ascii=False)))
-        await writer.drain()
-        if early:
-            reading.feed(early, trace.now())
-        while not reading.finished:
-            data = await _recv(reader, read_size, deadline)
-            if data is None:
-                raise TimeoutError(f"the WebSocket answer did not end within {timeout} s")
-            if not data:
-                break
-            reading.feed(data, trace.got_bytes(len(data)))
-            await writer.drain()
-    finally:
-        await _close(writer)
-    trace.finish()
-    return trace
 
 
 # --------------------------------------------------------------------------

@@ -19,6 +19,13 @@ The rules this module follows, and why:
 * A row still ``streaming`` when the server starts again was left by a crash:
   ``recover_interrupted`` closes it with the stop reason ``interrupted``.
 
+This module holds the ``Store`` (one connection to the file, every read and
+write) and the ``AnswerWriter`` (one answer, as it streams). What the file
+holds, its tables and migrations, the ``Message`` and ``Conversation`` rows
+and the status words, is in ``streamlab.server.store_schema``; those names,
+and the stop reasons of ``streamlab.protocol.endings`` that callers have
+always imported from here, are re-exported.
+
 SQLite runs in WAL mode: readers (a notebook, a second process) never block
 the writer and never see half a transaction. With ``synchronous=NORMAL`` a
 commit does not wait for the disk; it survives the process being killed,
@@ -28,21 +35,21 @@ though the last commits may be lost if the whole machine loses power.
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import threading
 import time
 import uuid
 import weakref
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
 from typing import Callable, Iterator
 
-# Why an answer ended: the stop reasons of the whole project, defined once in stops.py.
+# Why an answer ended: the stop reasons of the whole project, defined once in protocol/endings.py.
 from streamlab.protocol.endings import (
     CLIENT_LEFT,
+    COMPLETED,
     ERROR,
     INCOMPLETE_REASONS,
     INTERRUPTED,
@@ -50,113 +57,34 @@ from streamlab.protocol.endings import (
     SLOW_READER,
     STOP_REASONS,
     STOPPED,
+    stop_reason_for,
+)
+from streamlab.server.store_schema import (
+    _MESSAGE_COLUMNS,
+    CUT_OFF_MARKER,
+    CUT_OFF_WORDS,
+    DONE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    STREAMING,
+    Conversation,
+    Message,
+    _message,
+    default_path,
 )
 
-
-# --------------------------------------------------------------------------
-# Vocabulary
-# --------------------------------------------------------------------------
-
-# A message's status: an answer is "streaming" from its first moment until
-# ``finish`` (or recovery) makes it "done". User messages are born "done".
-STREAMING = "streaming"
-DONE = "done"
-
-# The note appended to an incomplete answer when history is fed back to the
-# model, so that neither the model nor the user takes it for a whole answer.
-CUT_OFF_MARKER = "\n\n[This answer was cut off: {reason}.]"
-CUT_OFF_WORDS: dict[str, str] = {
-    MAX_TOKENS: "it reached the length limit",
-    CLIENT_LEFT: "the reader left before it was finished",
-    STOPPED: "the user asked to stop",
-    ERROR: "an error ended it",
-    INTERRUPTED: "the server stopped before it was finished",
-    SLOW_READER: "its reader fell too far behind and the server stopped it",
-    STREAMING: "it was still being written",  # a row read before its writer finished
-}
-
-# --------------------------------------------------------------------------
-# Where the file lives, and what is in it
-# --------------------------------------------------------------------------
-
-
-def default_path() -> Path:
-    """``$STREAMLAB_DATA/streamlab.db``, else ``$XDG_DATA_HOME/streamlab/streamlab.db``,
-    else ``~/.local/share/streamlab/streamlab.db``.
-
-    Conversations are the user's data, not a cache: they belong in the data
-    folder, where nothing cleans them away.
-    """
-    if os.environ.get("STREAMLAB_DATA"):
-        return Path(os.environ["STREAMLAB_DATA"]).expanduser() / "streamlab.db"
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base).expanduser() / "streamlab" / "streamlab.db"
-
-
-# Each schema version is the list of statements that bring the file from the
-# version before it. ``PRAGMA user_version`` (an integer in the file's header)
-# records how far a file has come; a later version appends a list here.
-MIGRATIONS: list[list[str]] = [
-    [  # version 1
-        """CREATE TABLE conversations (
-            id      TEXT PRIMARY KEY,
-            created REAL NOT NULL,
-            title   TEXT
-        )""",
-        """CREATE TABLE messages (
-            id              TEXT PRIMARY KEY,
-            conversation_id TEXT NOT NULL REFERENCES conversations(id),
-            seq             INTEGER NOT NULL,          -- order within the conversation, from 1
-            role            TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-            content         TEXT NOT NULL DEFAULT '',
-            status          TEXT NOT NULL CHECK (status IN ('streaming', 'done')),
-            stop_reason     TEXT,                      -- NULL for user messages and while streaming
-            incomplete      INTEGER NOT NULL DEFAULT 0 CHECK (incomplete IN (0, 1)),
-            tokens          INTEGER NOT NULL DEFAULT 0,  -- generated tokens (answers only)
-            created         REAL NOT NULL,
-            updated         REAL NOT NULL,
-            error           TEXT
-        )""",
-        "CREATE UNIQUE INDEX messages_by_conversation ON messages (conversation_id, seq)",
-    ],
+__all__ = [
+    # the stop reasons, from streamlab.protocol.endings
+    "CLIENT_LEFT", "COMPLETED", "ERROR", "INCOMPLETE_REASONS", "INTERRUPTED", "MAX_TOKENS", "SLOW_READER",
+    "STOP_REASONS", "STOPPED", "stop_reason_for",
+    # what the file holds, from streamlab.server.store_schema
+    "CUT_OFF_MARKER", "CUT_OFF_WORDS", "DONE", "MIGRATIONS", "SCHEMA_VERSION", "STREAMING", "Conversation",
+    "Message", "default_path",
+    # reading and writing it
+    "BUSY_TIMEOUT_MS", "AnswerWriter", "Store",
 ]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 5000  # wait this long for another process's write lock before failing
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    created: float
-    title: str | None
-
-
-@dataclass(frozen=True)
-class Message:
-    """One row of ``messages``; frozen because it is a snapshot, not a live view."""
-
-    id: str
-    conversation_id: str
-    seq: int
-    role: str
-    content: str
-    status: str
-    stop_reason: str | None
-    incomplete: bool
-    tokens: int
-    created: float
-    updated: float
-    error: str | None
-
-
-_MESSAGE_COLUMNS = ", ".join(Message.__dataclass_fields__)
-
-
-def _message(row: tuple) -> Message:
-    fields = dict(zip(Message.__dataclass_fields__, row))
-    fields["incomplete"] = bool(fields["incomplete"])
-    return Message(**fields)
 
 
 # --------------------------------------------------------------------------
