@@ -32,7 +32,7 @@ from streamlab.server.openai_api import ChatCompletionFormat
 from streamlab.server.upstream import UpstreamGeneration
 from streamlab.protocol.endings import INCOMPLETE_REASONS, MAX_TOKENS, SLOW_READER, STOP_REASONS, STOPPED, stop_reason_for
 from streamlab.server.store import CUT_OFF_WORDS
-from streamlab.client.trace import ResponseRecorder, Trace
+from streamlab.client.tracing import ResponseRecorder, Trace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ import pytest
 from streamlab.client import timed as client
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
-from streamlab.client import trace as trace_mod
+from streamlab.client import tracing as trace_mod
 from streamlab.client.timed import Trace
 
 pytestmark = pytest.mark.timeout(120)

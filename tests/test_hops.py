@@ -22,8 +22,10 @@ from streamlab.hops.compress import Gzip, accepts_gzip, compressed_sizes, no_tra
 from streamlab.lab.curl import curl_available, curl_stream
 from streamlab.protocol.http_head import Request, RequestHeadParser, Response
 from streamlab.hops.nginx import CACHE_STATUS, find_nginx, run_nginx, write_config
-from streamlab.hops.proxy import PassThrough, ProxyConfig, WholeResponse, client_response_head, forwarder_for, serve_proxy
-from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent
+from streamlab.hops.forwarders import PassThrough, WholeResponse, forwarder_for
+from streamlab.hops.heads import client_response_head
+from streamlab.hops.proxy import ProxyConfig, serve_proxy
+from streamlab.client.tracing import ResponseRecorder, Trace, TraceEvent
 
 needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed (apt-get install nginx-light)")
 pytestmark = pytest.mark.timeout(60)

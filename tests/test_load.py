@@ -12,7 +12,7 @@ import pytest
 from streamlab.book import bench
 from streamlab.book.bench import parse_line
 from streamlab.lab.load import READING_THRESHOLD, figures
-from streamlab.client.trace import Trace, TraceEvent
+from streamlab.client.tracing import Trace, TraceEvent
 
 
 def trace(sent: float, times: list[float], tokens: int) -> Trace:

@@ -1,4 +1,4 @@
-"""Tests for streamlab.client.trace: the Trace's arithmetic, and its recorders fed plain byte strings."""
+"""Tests for streamlab.client.tracing: the Trace's arithmetic, and its recorders fed plain byte strings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from streamlab.protocol import sse
-from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent, last_id, record_message
+from streamlab.client.tracing import ResponseRecorder, Trace, TraceEvent, last_id, record_message
 
 
 def text_event(text: str, id: str | None = None) -> bytes:  # noqa: A002

@@ -4,7 +4,7 @@ HTTP libraries are built to hide what we want to see: when each byte arrived,
 how many bytes framed each piece of text, whether the stream ended with its
 end marker or was simply cut. So this client writes its requests by hand,
 reads with plain ``recv`` calls, and records what it reads into a ``Trace``
-(``streamlab.client.trace``, whose recorders parse with the same sans-IO modules the
+(``streamlab.client.tracing``, whose recorders parse with the same sans-IO modules the
 server uses: ``http``, ``sse``, ``websocket``). Every ``recv`` and every
 event is stamped with the time since the request was written.
 
@@ -39,7 +39,7 @@ from typing import Any, Callable, Coroutine, TypeVar
 from streamlab.net.aio import run_sync
 from streamlab.protocol.http_head import IncompleteBody
 from streamlab.client.timed_websocket import websocket
-from streamlab.client.trace import ResponseRecorder, Trace, TraceEvent, last_id
+from streamlab.client.tracing import ResponseRecorder, Trace, TraceEvent, last_id
 from streamlab.client.wire import _close, _connect, _head, _host_header, _recv, post_request, request_body
 
 __all__ = [

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from streamlab.client.trace import ResponseRecorder, Trace, record_message
+from streamlab.client.tracing import ResponseRecorder, Trace, record_message
 from streamlab.client.wire import _close, _connect, _host_header, _recv, request_body
 from streamlab.protocol import websocket as ws
 

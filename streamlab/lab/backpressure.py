@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from streamlab.client.timed import get_json_sync, post_request, wait_log
 from streamlab.net.aio import run_sync
-from streamlab.client.trace import ResponseRecorder, Trace
+from streamlab.client.tracing import ResponseRecorder, Trace
 
 READ_RATE = 1024  # bytes per second the reader takes
 READ_SIP = 256  # ... in sips of this many bytes (one recv each), ~4 a second
@@ -123,7 +123,7 @@ class SlowReader:
 
     ``SO_RCVBUF`` and ``TCP_MAXSEG`` are set before ``connect``: the window a
     TCP connection announces, and the segment size, are agreed in the
-    handshake. What it reads goes through :class:`streamlab.client.trace.ResponseRecorder`,
+    handshake. What it reads goes through :class:`streamlab.client.tracing.ResponseRecorder`,
     so ``trace`` holds the pieces of text and how the answer ended.
     """
 

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Mapping
 from streamlab.client import timed as client
 from streamlab.net.aio import run_sync
 from streamlab.hops.function_platform import Billing, busy_time
-from streamlab.client.trace import Trace
+from streamlab.client.tracing import Trace
 
 __all__ = [
     "ACCEPT_GZIP",

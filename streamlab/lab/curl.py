@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlab.protocol import sse
-from streamlab.client.trace import Trace
+from streamlab.client.tracing import Trace
 
 __all__ = ["CurlRun", "curl_available", "curl_stream"]
 

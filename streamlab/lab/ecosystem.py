@@ -7,10 +7,10 @@ Three questions, each answered against a live server with the real model:
    traced on a raw socket (bytes, events, time to first text, how it ended)
    and then read by each format's own client (``httpx-sse``, ``openai``,
    ``anthropic``), timing the first text each hands to the program.
-2. ``CuttingHop`` and ``truncation_table``: a hop that ends the response
-   *cleanly* (the zero-length chunk) after N pieces, as a platform or proxy
-   with a time limit does. What does each reader do with a well-formed body
-   that lacks its ending?
+2. ``CuttingHop`` and ``truncation_table``: the proxy with ``--cut-after``,
+   which ends the response *cleanly* (the zero-length chunk) after N
+   pieces, as a platform or proxy with a time limit does. What does each
+   reader do with a well-formed body that lacks its ending?
 3. ``leave_through``: a client of the relay (``serve --upstream``) leaves
    after N pieces; how many tokens did the upstream generate?
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 import time
 from contextlib import suppress
@@ -30,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from streamlab.client import timed as client
+from streamlab.client.tracing import Trace, piece_text
+from streamlab.hops.exchange import CUT_AFTER
+from streamlab.hops.forwarders import EventSplitter
+from streamlab.hops.proxy import Proxy, ProxyConfig
 from streamlab.protocol import sse
-from streamlab.protocol.http_head import LAST_CHUNK, BodyReader, ResponseHeadParser, encode_chunk
-from streamlab.client.trace import Trace, piece_text
 
 PROMPT = "Tell me about lighthouses."
 # Sampled, not greedy, so that the seed matters; every format gets the same three numbers.
@@ -103,9 +104,8 @@ def raw_row(fmt: str, trace: Trace) -> dict[str, Any]:
 
 def first_piece(trace: Trace) -> str:
     """The first event that carries text, exactly as it crossed the wire (without its chunk framing)."""
-    buffer = bytearray(trace.body)
-    for block in _event_blocks(buffer):
-        if _is_piece(block):
+    for block, events in EventSplitter().feed(trace.body):
+        if any(carries_text(event) for event in events):
             return block.decode("utf-8", "replace")
     return ""
 
@@ -316,150 +316,78 @@ def same_answer(port: int, url: str, max_tokens: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def _event_blocks(buffer: bytearray) -> list[bytes]:
-    """Take the complete SSE events (up to and including their blank line) off the front of ``buffer``."""
-    blocks = []
-    while True:
-        match = re.search(rb"\r\n\r\n|\n\n|\r\r", buffer)
-        if match is None:
-            return blocks
-        blocks.append(bytes(buffer[: match.end()]))
-        del buffer[: match.end()]
-
-
-def _is_piece(block: bytes) -> bool:
-    """Whether an SSE event carries text, in any of the three formats."""
-    for event in sse.EventStreamParser().feed(block):
-        with suppress(ValueError):
-            if piece_text(json.loads(event.data)):
-                return True
+def carries_text(event: sse.Event) -> bool:
+    """Whether an SSE event carries text, in any of the three formats: what the cutting hop counts."""
+    with suppress(ValueError):
+        return bool(piece_text(json.loads(event.data)))
     return False
 
 
 class CuttingHop:
-    """A TCP hop on 127.0.0.1 that passes a response on, but ends it cleanly after ``cut_after`` pieces.
+    """The proxy with ``--cut-after``, counting the events that carry text, on a loop of its own.
 
     What a platform with a time limit, or a proxy that gives up, does to a
-    stream: the client gets the head, whole events, and then the zero-length
-    chunk, a body that is well formed and complete as far as HTTP can tell.
-    Only the missing terminator (``end``, ``finish_reason`` and ``[DONE]``,
-    ``message_stop``) gives it away. The hop then closes its connection to
-    the server, which (watching its socket) stops generating.
+    stream (``streamlab.hops.forwarders.CuttingForwarder``): the client gets
+    the head, whole events, and then the zero-length chunk, a body that is
+    well formed and complete as far as HTTP can tell. Only the missing
+    terminator (``end``, ``finish_reason`` and ``[DONE]``, ``message_stop``)
+    gives it away. The hop then closes its connection to the server, which
+    (watching its socket) stops generating. Other responses pass as they are.
 
-    It runs its own event loop in a thread, so that blocking SDK calls in the
-    caller's thread can use it. ``cuts`` counts the responses it cut.
+    It counts pieces, not events, so that every format is cut after the
+    same text (Anthropic's stream starts with events that carry none). Its
+    event loop runs in a thread, so that blocking SDK calls in the caller's
+    thread can use it. ``cuts`` counts the responses it cut.
     """
 
     def __init__(self, upstream_port: int, cut_after: int, *, upstream_host: str = "127.0.0.1") -> None:
-        self.upstream = (upstream_host, upstream_port)
+        if cut_after < 1:
+            raise ValueError("cut_after must be at least 1 piece")
         self.cut_after = cut_after
-        self.port: int | None = None
-        self.cuts = 0
-        self.passed = 0
+        self.proxy = Proxy(ProxyConfig(upstream_port, upstream_host, block=1, cut_after=cut_after,
+                                       counts=carries_text))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.proxy.url
+
+    @property
+    def cuts(self) -> int:
+        """Responses it cut: exchanges in its log that ended ``cut_after``."""
+        return sum(exchange.outcome == CUT_AFTER for exchange in list(self.proxy.log))
 
     def start(self) -> CuttingHop:
-        ready = threading.Event()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
-            self._loop.run_forever()
-            self._server.close()
-            self._loop.run_until_complete(self._server.wait_closed())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=run, name="cutting-hop", daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="cutting-hop", daemon=True)
         self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the hop did not start")
+        try:
+            asyncio.run_coroutine_threadsafe(self.proxy.start(), self._loop).result(10)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+        if self._loop is None or self._thread is None:
+            return
+        with suppress(Exception):  # a hop that failed to start has nothing to close
+            asyncio.run_coroutine_threadsafe(self.proxy.close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = self._thread = None
 
     def __enter__(self) -> CuttingHop:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.close()
-            return
-        forward = asyncio.ensure_future(self._pump(reader, up_writer))
-        try:
-            await self._response(up_reader, writer)
-        finally:
-            forward.cancel()
-            for w in (up_writer, writer):
-                w.close()
-                with suppress(Exception):
-                    await asyncio.wait_for(w.wait_closed(), 2)
-
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The request, client to server, as it is."""
-        with suppress(ConnectionError, asyncio.CancelledError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-
-    async def _response(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The response, server to client: the head as it is, then whole events re-chunked, cut after N pieces."""
-        head = ResponseHeadParser()
-        received = b""
-        response = None
-        while response is None:
-            data = await up.read(65536)
-            if not data:
-                writer.write(received)
-                return
-            received += data
-            response = head.feed(data)
-        stream = (response.header("content-type") or "").startswith("text/event-stream")
-        body = BodyReader(response, "POST")
-        if not stream or body.mode != "chunked":  # nothing to cut: pass it all on
-            writer.write(received)
-            while data := await up.read(65536):
-                writer.write(data)
-                await writer.drain()
-            self.passed += 1
-            return
-        writer.write(received[: len(received) - len(head.rest)])
-        buffer, pieces, data = bytearray(), 0, head.rest
-        while True:
-            for part in body.feed(data):
-                buffer += part
-            for block in _event_blocks(buffer):
-                writer.write(encode_chunk(block))
-                pieces += _is_piece(block)
-                if pieces >= self.cut_after:
-                    writer.write(LAST_CHUNK)  # a clean end: the body is whole, as far as HTTP can tell
-                    await writer.drain()
-                    self.cuts += 1
-                    return
-            await writer.drain()
-            if body.done:
-                writer.write(LAST_CHUNK)
-                self.passed += 1
-                return
-            data = await up.read(65536)
-            if not data:
-                return
 
 
 TRUNCATION_READERS: list[tuple[str, Callable[..., SdkRead]]] = [

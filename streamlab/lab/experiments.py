@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from streamlab.client import timed as client
 from streamlab.lab.records import Recorded, recorded
-from streamlab.client.trace import Trace, TraceEvent
+from streamlab.client.tracing import Trace, TraceEvent
 
 WAYS = ("complete", "stream", "ws")
 THREE_WAYS_RUN = "02_three_ways"  # build/runs/02_three_ways.json: chapter 2's run, read back by chapters 3 and 4
