@@ -105,7 +105,7 @@ class InProcess:
         self.url = f"http://127.0.0.1:{server.port}"
 
     def logs(self) -> list[dict]:
-        from streamlab.client import timed as client
+        from streamlab import client
 
         return client.get_json_sync(self.port, "/log")
 

@@ -20,7 +20,7 @@ import pytest
 
 from fakes import FakeLM
 from inprocess import serving
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.model.backlog import Backlog
 from streamlab.book.bench import parse_line
 from streamlab.model.generation import Generation, GenerationResult, Piece, PieceQueue, PieceSource

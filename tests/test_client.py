@@ -12,7 +12,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
 from streamlab.client import tracing as trace_mod

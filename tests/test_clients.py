@@ -38,7 +38,7 @@ from httpx_sse import connect_sse
 
 from fakes import DEFAULT_SCRIPT
 from streamlab.lab import browser
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
 from streamlab.server.config import MAX_BODY, MAX_WS_MESSAGE, RETRY_MS

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.lab import between as hops
 from streamlab.hops.compress import Gzip, accepts_gzip, compressed_sizes, no_transform
 from streamlab.lab.curl import curl_available, curl_stream

@@ -18,7 +18,7 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.lab import strangers
 from streamlab.protocol import websocket as ws
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from inprocess import serving
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.book.bench import SCRIPTS, parse_line
 from streamlab.lab.many_streams import StreamReading, percentile, summarize
 from streamlab.server.sources import source_for

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.server.store import Store
 
 pytestmark = pytest.mark.timeout(120)

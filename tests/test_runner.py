@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.lab import runner
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,3 +113,24 @@ def test_bad_server_flags_raise_with_the_reason(model_cache):
     with pytest.raises(RuntimeError, match="unrecognized arguments: --no-such-flag"):
         with runner.serve("--no-such-flag"):
             pass
+
+
+def test_serve_in_process_gives_a_listening_server_and_its_loop_then_shuts_it_down():
+    import asyncio
+
+    from fakes import FakeLM
+
+    with runner.serve_in_process(FakeLM("Hello.")) as server:
+        assert server.listening and server.port > 0
+        assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "on its loop"), server.loop).result(5) == "on its loop"
+        assert client.get_json_sync(server.port, "/health")["ok"]
+        loop = server.loop
+    assert not server.listening and loop.is_closed()
+
+
+def test_a_server_not_started_is_not_listening():
+    from fakes import FakeLM
+    from streamlab.server import Server
+
+    server = Server(FakeLM())
+    assert not server.listening and server.loop is None and server.port == 0

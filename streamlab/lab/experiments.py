@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.lab.records import Recorded, recorded
 from streamlab.client.tracing import Trace, TraceEvent
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import ResponseHeadParser
 
