@@ -109,6 +109,55 @@ def test_forgetting_server_starts_over_on_reconnect(apps, kept, uninterrupted):
     assert 40 + dropped <= total <= 40 + dropped + 3, (dropped, [r["tokens"] for r in records])
 
 
+def test_a_forgetting_server_has_no_204_for_a_reader_who_had_it_all(apps):
+    forget = apps(**FORGET)
+    created = client.create_generation_sync(forget.port, body(max_tokens=6))
+    full = client.events_sync(forget.port, created["events"])
+    again = client.events_sync(forget.port, created["events"], last_event_id=client.last_id(full))
+    assert full.complete and again.status == 200 and again.complete  # an EventSource would go on for ever
+    assert numbered(again) == numbered(full) and again.text == full.text
+    parser = sse.EventStreamParser()
+    assert numbered(full)[0] == 1 and parser.feed(full.body)[0].retry == 1000  # numbered as a kept stream is
+    records = records_of(forget.port, created["id"])
+    assert [r["tokens"] for r in records] == [6, 6]
+    assert {r["path"] for r in records} == {f"/generations/{created['id']}/events"}
+
+
+def test_forgetting_readers_at_once_each_get_a_run_of_their_own(apps):
+    forget = apps(**FORGET)
+    created = client.create_generation_sync(forget.port, body(max_tokens=8))
+
+    async def two() -> list[client.Trace]:
+        path = created["events"]
+        return await asyncio.gather(client.events(forget.port, path), client.events(forget.port, path))
+
+    one, other = asyncio.run(two())
+    assert one.complete and other.complete and one.text == other.text
+    assert one.headers["x-request-id"] != other.headers["x-request-id"]
+    assert [r["tokens"] for r in records_of(forget.port, created["id"])] == [8, 8]
+
+
+def test_a_head_request_starts_nothing_on_a_forgetting_server(apps):
+    forget = apps(**FORGET)
+    created = client.create_generation_sync(forget.port, body(max_tokens=6))
+    reply = client.fetch_sync(forget.port, "HEAD", created["events"])
+    assert reply.status == 200 and reply.body == b""
+    assert reply.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert "x-request-id" not in reply.headers
+    assert records_of(forget.port, created["id"]) == []
+    assert client.get_json_sync(forget.port, f"/generations/{created['id']}")["status"] == "waiting"
+
+
+def test_forget_naive_does_not_notice_the_drop_and_runs_on_for_nobody(apps):
+    naive = apps(forget=True, naive=True, decode_seconds=SLOW)
+    created = client.create_generation_sync(naive.port, body(max_tokens=20))
+    seen = client.events_sync(naive.port, created["events"], stop_after=3)
+    assert seen.left
+    (record,) = records_of(naive.port, created["id"])
+    assert record["tokens"] == 20 and record["stop_reason"] == "max_tokens"
+    assert record["stop_signal"] != "eof"  # it never read the connection: at most a write failed
+
+
 def test_after_the_end_a_reconnect_gets_204_and_a_fresh_reader_a_full_replay(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=8))
     full = client.events_sync(kept.port, created["events"])

@@ -29,15 +29,17 @@ The modules, each one thing:
     requests.py           a generation request parsed and validated (pure)
     guards.py             Host allow-list, Origin, Content-Type: who may talk to us
     jobs.py               turns, admission, generations, the /log, the stop vocabulary applied
+    events.py             Event: one SSE event, what a Format makes and an EventStream sends
     streams.py            EventStream: the one SSE response every SSE route uses
     responses.py          whole responses, keep-alive, HEAD, static files
-    resumable.py          /generations: resources with kept events, grace, --forget
+    resumable.py          /generations: runs whose events are kept (or, with --forget, not), grace
     websocket_session.py  one WebSocket conversation with an explicit state
     formats.py            Format: how an API spells a beginning, a piece, a silence, an end; streamlab's own
     openai_api.py         OpenAI's Chat Completions (/v1/chat/completions, /v1/models) as a Format
     anthropic_api.py      Anthropic's Messages (/v1/messages) as a Format
-    engines.py            where tokens come from: the local model, or an OpenAI-compatible upstream
+    sources.py            where tokens come from: the local model, or an OpenAI-compatible upstream
     upstream.py           one streamed chat completion read from an upstream, stoppable mid-stream
+    queues.py             /debug/queues: the bytes waiting, per connection and generation, handed in by app
     app.py                the route table and thin handlers
     command.py            serve() and main(): python -m streamlab serve [--upstream URL]
 
@@ -50,10 +52,11 @@ from streamlab.server.app import Route, Server
 from streamlab.server.command import main, serve
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
 from streamlab.server.connection import ClientConnection, ClientGone, in_background, until_client_leaves
+from streamlab.server.events import Event
 from streamlab.server.jobs import Job, Jobs, LogRecord, Turn
 from streamlab.server.requests import GenerationRequest, parse_generation_request
 from streamlab.server.responses import STATIC
-from streamlab.server.streams import Event, EventStream
+from streamlab.server.streams import EventStream
 
 __all__ = [
     "ClientConnection",

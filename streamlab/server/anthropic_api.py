@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
+from streamlab.server.events import Event
 from streamlab.server.formats import Format
 from streamlab.server.jobs import Job
 from streamlab.server.requests import (
@@ -29,7 +30,6 @@ from streamlab.server.requests import (
     stop_field,
     transcript,
 )
-from streamlab.server.streams import Event
 
 ROLES = {"user": "user", "assistant": "assistant"}
 STOP_REASONS = {EOS: "end_turn", STOP_SEQUENCE: "stop_sequence", MAX_TOKENS: "max_tokens"}

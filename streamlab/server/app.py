@@ -22,8 +22,8 @@ from streamlab.protocol.http_head import HTTPError, Request
 from streamlab.protocol.endings import INCOMPLETE_REASONS
 from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
-from streamlab.server.config import RETRY_AFTER, RETRY_MS, ServerConfig
-from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
+from streamlab.server.config import RETRY_AFTER, ServerConfig
+from streamlab.server.connection import ClientConnection, ClientGone
 from streamlab.server.sources import source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
@@ -337,41 +337,20 @@ class Server:
         once, then the live ones; nothing is generated again. One that already
         had the last event gets ``204``, the only answer that stops an
         EventSource from reconnecting for ever. With ``--forget`` nothing was
-        kept: every reader gets a new generation, tied to its connection.
+        kept: every reader gets a new generation, tied to its connection, and
+        never a 204.
         """
-        registry = self.registry
-        resource = registry.get(id)
+        resource = self.registry.get(id)
         after = last_event_id(request)
-        if not self.config.forget and resource.finished_for(after):
+        if resource.finished_for(after):
             return await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
         # The stream ends by closing: say so, so that a pooled client does not reuse the connection.
         stream = EventStream(client, request, headers=resource.headers(), accel_header=self.config.accel_header,
                              keep_alive=False)
         if stream.head_only:
-            await stream.open()
+            await stream.open()  # the head alone: with --forget, no run starts for a reader who reads nothing
             return False
-        if self.config.forget:
-            job = registry.afresh(resource)
-            stream.headers = resource.headers()
-            try:
-                async with self.jobs.watching(client, job):
-                    await stream.open()
-                    fmt = StreamlabFormat(numbered=True, retry_ms=RETRY_MS)
-                    await stream.pump(format_events(self.jobs, job, fmt, self.config.ping_interval))
-                await stream.close()
-            except ClientGone as gone:
-                self.jobs.stop(job, gone.signal)
-            finally:
-                await self.jobs.finish(job)
-            return False
-        await stream.open()
-        registry.subscribe(resource)
-        try:
-            finished = await until_client_leaves(client, stream.pump(resource.follow(after or 0, self.config.ping_interval)))
-        finally:
-            registry.unsubscribe(resource)
-        if finished:
-            await stream.close()
+        await self.registry.send(client, stream, resource, after)
         return False
 
     async def cancel_generation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
@@ -425,7 +404,9 @@ class Server:
 
     async def debug_queues(self, client: ClientConnection, request: Request) -> bool:
         """``GET /debug/queues``: where a slow reader's bytes wait now, layer by layer (this machine only; see queues.py)."""
-        return await responses.respond_json(client, request, queues.snapshot(self, client))
+        running = self.jobs.running if self.jobs is not None else ()
+        body = queues.snapshot(client, self._connections.values(), running)
+        return await responses.respond_json(client, request, body)
 
     async def get_conversations(self, client: ClientConnection, request: Request) -> bool:
         """``GET /conversations``: every stored conversation, newest first, for a history list."""

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import ERROR
+from streamlab.server.events import Event
 from streamlab.server.jobs import error_body
-from streamlab.server.streams import Event
 
 if TYPE_CHECKING:
     from streamlab.server.jobs import Job
@@ -68,30 +68,16 @@ class StreamlabFormat(Format):
 
     ``/stream`` adds ``data: [DONE]`` after ``end``, as OpenAI's streams do, and
     never after ``error``: a client must not mistake a failed answer for a
-    complete one. ``numbered`` gives each event an ``id:`` (and the first a
-    ``retry:``) as the resumable ``/generations`` streams have.
+    complete one. (The numbered, resumable ``/generations`` events carry the
+    same data, numbered by the run that keeps them: see ``resumable.Run``.)
     """
 
-    def __init__(self, *, numbered: bool = False, retry_ms: int | None = None) -> None:
-        self.numbered = numbered
-        self.retry_ms = retry_ms
-        self.number = 0
-
-    def _event(self, data: Any, name: str = "message") -> Event:
-        if not self.numbered:
-            return Event(data, name)
-        self.number += 1
-        return Event(data, name, id=self.number, retry=self.retry_ms if self.number == 1 else None)
-
     def piece(self, text: str) -> Event:
-        return self._event({"text": text})
+        return Event({"text": text})
 
     def ending(self, job: Job) -> list[Event]:
         name, data = job.ending()
-        events = [self._event(data, name)]
-        if name == "end" and not self.numbered:
-            events.append(Event(sse.DONE))
-        return events
+        return [Event(data, name), Event(sse.DONE)] if name == "end" else [Event(data, name)]
 
     def whole(self, job: Job) -> tuple[int, Any]:
         result = job.generation.result

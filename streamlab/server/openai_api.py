@@ -19,6 +19,7 @@ from typing import Any
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
+from streamlab.server.events import Event
 from streamlab.server.formats import Format
 from streamlab.server.jobs import Job
 from streamlab.server.requests import (
@@ -32,7 +33,6 @@ from streamlab.server.requests import (
     stop_field,
     transcript,
 )
-from streamlab.server.streams import Event
 
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context": a CPU should not start there
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

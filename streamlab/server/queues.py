@@ -10,6 +10,10 @@ Linux only, else None). For each running generation: its tokens and its
 queued, how long it has been waiting for its reader). And the process's
 resident memory. :mod:`streamlab.lab.backpressure` samples it a few times a
 second; anyone can ``curl`` it.
+
+The handler passes in the connections and generations to report, so that
+this module needs nothing of the server that owns them (``app`` imports
+``queues``, never the other way).
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ import os
 import struct
 import termios
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from streamlab.protocol.http_head import HTTPError
 
 if TYPE_CHECKING:
-    from streamlab.server.app import Server
     from streamlab.server.connection import ClientConnection
+    from streamlab.server.jobs import Job
 
 
 def kernel_unsent(sock: Any) -> int | None:
@@ -60,12 +64,15 @@ def _peer(client: ClientConnection) -> str:
     return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
-def snapshot(server: Server, asker: ClientConnection) -> dict[str, Any]:
-    """Every connection's buffers, every running generation's backlog, the process's memory."""
+def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], running: Iterable[Job]) -> dict[str, Any]:
+    """Every connection's buffers, every running generation's backlog, the process's memory.
+
+    The asker's own connection is skipped: its buffers hold nothing but this answer.
+    """
     if not is_loopback(asker):
         raise HTTPError(403, "/debug/queues answers only this machine")
     connections = []
-    for client in list(server._connections.values()):
+    for client in list(clients):
         if client is asker:
             continue
         transport = client.writer.transport
@@ -76,7 +83,7 @@ def snapshot(server: Server, asker: ClientConnection) -> dict[str, Any]:
             "bytes_sent": client.bytes_sent,
         })
     generations = []
-    for job in list(server.jobs.running) if server.jobs is not None else []:
+    for job in list(running):
         generation = job.generation
         backlog = getattr(generation, "backlog", None)
         generations.append({

@@ -3,8 +3,9 @@
 Its events are kept, numbered, so a reader who drops reconnects with
 ``Last-Event-ID`` and resumes where it left off, while the model carries on
 for a grace period (``--grace``) with nobody reading. ``--forget`` is the
-contrast, a policy of the same registry: keep nothing, and start every
-reader's generation over (the same prompt and seed, paid for again).
+contrast, a policy of the same registry and the same stream: keep nothing,
+so every reader's generation starts over (the same prompt and seed, paid for
+again) and ends when that reader leaves.
 """
 
 from __future__ import annotations
@@ -15,53 +16,37 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from streamlab.protocol.endings import CANCEL, EOF, GRACE_EXPIRED
 from streamlab.protocol.http_head import HTTPError
-from streamlab.protocol.endings import CANCEL, GRACE_EXPIRED
 from streamlab.server.config import RETRY_MS, ServerConfig
+from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
+from streamlab.server.events import Event
 from streamlab.server.jobs import Job, Jobs, Turn
 from streamlab.server.requests import GenerationRequest
-from streamlab.server.streams import Event
+from streamlab.server.streams import EventStream
 
 
 @dataclass(eq=False)
-class GenerationResource:
-    """A ``POST /generations`` answer: its request, its run, and its events, kept for replay.
+class Run:
+    """One generation of a resource and the numbered events it made, for its readers to follow.
 
     ``events[i]`` is the event with id ``i + 1``, as ``(name, data)``: the
     pieces are ``message`` events, the last one is ``end`` or ``error``.
     Readers ``follow`` the list, each from its own place, and wait on
-    ``changed`` for more: any number of them can read at once, and one that
-    reconnects picks up after the last id it saw. With ``--forget`` nothing
-    is kept: ``job`` is the run of the latest reader, and ends with it.
+    ``changed`` for more, so any number of them can read at once and none
+    holds up the model.
     """
 
-    id: str
-    req: GenerationRequest
-    turn: Turn
-    job: Job | None = None
+    job: Job
     events: list[tuple[str, Any]] = field(default_factory=list)
     ended: bool = False
-    subscribers: int = 0
+    readers: int = 0
     grace_timer: asyncio.TimerHandle | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
 
     @property
     def running(self) -> bool:
-        return self.job is not None and not self.job.record.done
-
-    @property
-    def status(self) -> str:
-        """``waiting`` (``--forget``, before any reader), ``running`` or ``done``."""
-        if self.job is None:
-            return "waiting"
-        return "running" if self.running else "done"
-
-    def headers(self) -> list[tuple[str, str]]:
-        headers = [("X-Generation-Id", self.id), ("X-Conversation-Id", self.turn.conversation_id)]
-        if self.job is not None:
-            headers.append(("X-Request-Id", self.job.record.id))
-        return headers
+        return not self.job.record.done
 
     def add(self, name: str, data: Any, *, last: bool = False) -> None:
         """Keep one more event and wake every reader waiting for it."""
@@ -71,7 +56,6 @@ class GenerationResource:
         changed.set()
 
     def finished_for(self, after: int | None) -> bool:
-        """Whether a reader that saw event ``after`` already has everything: the cue for 204."""
         return after is not None and self.ended and after >= len(self.events)
 
     async def follow(self, after: int, ping_interval: float) -> AsyncIterator[Event | None]:
@@ -94,6 +78,54 @@ class GenerationResource:
                 yield None
 
 
+@dataclass(eq=False)
+class GenerationResource:
+    """A ``POST /generations`` answer: its request, the user's turn, and its latest run.
+
+    ``keeps_events`` is False with ``--forget``: then ``run`` is the latest
+    reader's own, and what it made is never offered to the next reader.
+    """
+
+    id: str
+    req: GenerationRequest
+    turn: Turn
+    keeps_events: bool = True
+    run: Run | None = None
+
+    @property
+    def job(self) -> Job | None:
+        return self.run.job if self.run is not None else None
+
+    @property
+    def events(self) -> list[tuple[str, Any]]:
+        """The events a new reader can have without anything generated again (none with ``--forget``)."""
+        return self.run.events if self.run is not None and self.keeps_events else []
+
+    @property
+    def running(self) -> bool:
+        return self.run is not None and self.run.running
+
+    @property
+    def status(self) -> str:
+        """``waiting`` (``--forget``, before any reader), ``running`` or ``done``."""
+        if self.run is None:
+            return "waiting"
+        return "running" if self.running else "done"
+
+    def headers(self) -> list[tuple[str, str]]:
+        headers = [("X-Generation-Id", self.id), ("X-Conversation-Id", self.turn.conversation_id)]
+        if self.job is not None:
+            headers.append(("X-Request-Id", self.job.record.id))
+        return headers
+
+    def finished_for(self, after: int | None) -> bool:
+        """Whether a reader that saw event ``after`` already has everything: the cue for 204.
+
+        Never with ``--forget``: with nothing kept, a reconnect is a new request.
+        """
+        return self.keeps_events and self.run is not None and self.run.finished_for(after)
+
+
 class Registry:
     """The ``/generations`` resources of one server, at most ``keep_generations`` of them remembered."""
 
@@ -101,6 +133,7 @@ class Registry:
         self.jobs = jobs
         self.config = config
         self.resources: OrderedDict[str, GenerationResource] = OrderedDict()
+        self.producers: set[asyncio.Task] = set()  # held here: the loop keeps only weak references to tasks
 
     def get(self, id: str) -> GenerationResource:  # noqa: A002
         resource = self.resources.get(id)
@@ -109,20 +142,20 @@ class Registry:
         return resource
 
     def create(self, req: GenerationRequest) -> GenerationResource:
-        """A new resource; unless forgetting, its generation starts at once, with nobody reading yet.
+        """A new resource; when its events are kept, its generation starts at once, with nobody reading yet.
 
         The reader may take a moment to connect, or drop and come back, and
         nothing is lost in between. Admission is checked before the turn is
-        stored, so a refused request leaves nothing behind.
+        stored, so a refused request leaves nothing behind. With ``--forget``
+        nothing runs until a reader comes (each reader's own run is admitted then).
         """
-        if not self.config.forget:
+        keeps = not self.config.forget
+        if keeps:
             self.jobs.admit()
-        resource = GenerationResource(uuid.uuid4().hex, req, self.jobs.begin_turn(req))
+        resource = GenerationResource(uuid.uuid4().hex, req, self.jobs.begin_turn(req), keeps_events=keeps)
         self._remember(resource)
-        if not self.config.forget:
-            resource.job = self._start(resource, "/generations")
-            resource.task = asyncio.create_task(self._produce(resource))
-            self.start_grace(resource)
+        if keeps:
+            self.start_grace(self._run(resource, "/generations"))
         return resource
 
     def _remember(self, resource: GenerationResource) -> None:
@@ -134,50 +167,102 @@ class Registry:
             for generation_id in over[:excess]:
                 del self.resources[generation_id]
 
-    def _start(self, resource: GenerationResource, path: str) -> Job:
-        return self.jobs.start(path, resource.req, turn=resource.turn, generation_id=resource.id)
+    def _run(self, resource: GenerationResource, path: str) -> Run:
+        """Start a generation of the resource's request, producing into a new run."""
+        job = self.jobs.start(path, resource.req, turn=resource.turn, generation_id=resource.id)
+        run = resource.run = Run(job)
+        task = asyncio.create_task(self._produce(run))
+        self.producers.add(task)
+        task.add_done_callback(self.producers.discard)
+        return run
 
-    async def _produce(self, resource: GenerationResource) -> None:
-        """Turn each piece into a kept, numbered event and store it, whether anyone reads or not."""
-        job = resource.job
-        assert job is not None
+    async def _produce(self, run: Run) -> None:
+        """Turn each piece into a numbered event and store it, whether anyone reads or not."""
+        job = run.job
         try:
             async for piece in job.generation.pieces():
                 job.answer.append(piece.text, piece.tokens)
                 job.record.pieces_sent += 1
-                resource.add("message", {"text": piece.text})
+                run.add("message", {"text": piece.text})
         finally:
             await self.jobs.finish(job)
-            self.cancel_grace(resource)
+            self.cancel_grace(run)
             name, data = job.ending()
-            resource.add(name, data, last=True)
+            run.add(name, data, last=True)
 
-    # -- readers, and the grace period when there are none ----------------------
+    # -- readers ------------------------------------------------------------------
 
-    def start_grace(self, resource: GenerationResource) -> None:
+    async def send(self, client: ClientConnection, stream: EventStream, resource: GenerationResource,
+                   after: int | None) -> None:
+        """Write one reader's stream: every ``/generations`` reading, kept or forgotten, comes through here.
+
+        The reader joins a run, follows its events until the end or until it
+        leaves, then leaves the run. What ``--forget`` changes is only which
+        run it joins and what its leaving does (see ``_join`` and ``_leave``).
+        A naive server does not watch the connection: only a failed write
+        tells it the reader is gone.
+        """
+        run, after = self._join(resource, after)
+        stream.headers = resource.headers()  # with --forget, the X-Request-Id of the run just started
+        gone: str | None = None
+        try:
+            await stream.open()
+            pumped = stream.pump(run.follow(after, self.config.ping_interval))
+            if self.config.naive:
+                await pumped
+            elif not await until_client_leaves(client, pumped):
+                gone = EOF
+                return
+            await stream.close()
+        except ClientGone as err:
+            gone = err.signal
+        finally:
+            self._leave(resource, run, gone)
+
+    def _join(self, resource: GenerationResource, after: int | None) -> tuple[Run, int]:
+        """The run a reader follows, and the last event id it already has.
+
+        Kept: the resource's one run, from where the reader left off. With
+        ``--forget`` nothing was kept, so the reader gets a run of its own,
+        from event 1, whatever it saw before (admitted like any request: 503
+        before the stream opens, if the server is full).
+        """
+        if resource.keeps_events:
+            run, after = resource.run, after or 0
+            assert run is not None
+        else:
+            run, after = self._run(resource, f"/generations/{resource.id}/events"), 0
+        run.readers += 1
+        self.cancel_grace(run)
+        return run, after
+
+    def _leave(self, resource: GenerationResource, run: Run, gone: str | None) -> None:
+        """A reader is done with ``run``; ``gone`` is how it went, None if it read to the end.
+
+        The last reader of a kept run leaves it the grace period: someone may
+        come back for it. A ``--forget`` run has no one to come back for it,
+        so it stops at once, for the reason its reader went.
+        """
+        run.readers -= 1
+        if run.readers:
+            return
+        if resource.keeps_events:
+            self.start_grace(run)
+        elif gone is not None and run.running:
+            self.jobs.stop(run.job, gone)
+
+    # -- the grace period, cancel, shutdown ------------------------------------------
+
+    def start_grace(self, run: Run) -> None:
         """Nobody is reading: unless a reader comes within ``--grace`` seconds, stop generating for nobody."""
-        if resource.running and resource.job is not None:
+        if run.running:
             loop = asyncio.get_running_loop()
-            resource.grace_timer = loop.call_later(self.config.grace, self.jobs.stop, resource.job, GRACE_EXPIRED)
+            run.grace_timer = loop.call_later(self.config.grace, self.jobs.stop, run.job, GRACE_EXPIRED)
 
-    def cancel_grace(self, resource: GenerationResource) -> None:
-        if resource.grace_timer is not None:
-            resource.grace_timer.cancel()
-            resource.grace_timer = None
-
-    def subscribe(self, resource: GenerationResource) -> None:
-        resource.subscribers += 1
-        self.cancel_grace(resource)
-
-    def unsubscribe(self, resource: GenerationResource) -> None:
-        resource.subscribers -= 1
-        if resource.subscribers == 0:
-            self.start_grace(resource)
-
-    def afresh(self, resource: GenerationResource) -> Job:
-        """``--forget``: nothing was kept, so this reader's run starts over, tied to its connection."""
-        resource.job = self._start(resource, f"/generations/{resource.id}/events")
-        return resource.job
+    def cancel_grace(self, run: Run) -> None:
+        if run.grace_timer is not None:
+            run.grace_timer.cancel()
+            run.grace_timer = None
 
     async def cancel(self, resource: GenerationResource) -> None:
         """The user pressed stop: stop the generation and wait (a little) until it has."""
@@ -190,7 +275,6 @@ class Registry:
                 pass
 
     async def shutdown(self) -> None:
-        """Let the kept generations write their ending (interrupted) to the store."""
-        producers = [r.task for r in self.resources.values() if r.task is not None and not r.task.done()]
-        if producers:
-            await asyncio.wait(producers, timeout=2.0)
+        """Let the running generations write their ending (interrupted) to the store."""
+        if self.producers:
+            await asyncio.wait(list(self.producers), timeout=2.0)

@@ -12,42 +12,20 @@ numbered events) and in the wire format of each event (a ``Format``: see
 
 from __future__ import annotations
 
-import json
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from streamlab.protocol import sse
 from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
 from streamlab.server.connection import ClientConnection
+from streamlab.server.events import Event, dumps
 from streamlab.server.jobs import Job, Jobs, delivered
 
 if TYPE_CHECKING:
     from streamlab.server.formats import Format
 
-
-# ensure_ascii=False: "é" travels as 2 UTF-8 bytes, not as the 6 of "\u00e9". One encoder, made once:
-# json.dumps with any option makes a new JSONEncoder on every call, a few µs for every event.
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
-
-
-def dumps(obj: Any) -> str:
-    return _ENCODER.encode(obj)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One event to send: ``data`` as JSON (a ``str`` as it is), an event name, an ``id:`` and a ``retry:``."""
-
-    data: Any
-    name: str = "message"
-    id: int | None = None
-    retry: int | None = None
-
-    def encode(self) -> bytes:
-        data = self.data if isinstance(self.data, str) else dumps(self.data)
-        event = None if self.name == "message" else self.name
-        return sse.encode_event(data, event=event, id=None if self.id is None else str(self.id), retry=self.retry)
+# Event and dumps moved to events.py; named here too, so that imports from streams keep working.
+__all__ = ["Event", "EventStream", "dumps", "format_events"]
 
 
 class EventStream:

@@ -29,7 +29,7 @@ from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
 from streamlab.server.jobs import Job, Jobs, delivered, error_body
 from streamlab.server.requests import parse_generation_request
-from streamlab.server.streams import dumps
+from streamlab.server.events import dumps
 
 TRY_AGAIN_LATER = 1013  # the IANA registry's close code for "overloaded, come back later"
 
