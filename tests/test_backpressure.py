@@ -359,8 +359,9 @@ def test_the_relay_reads_no_further_from_its_upstream_while_its_reader_is_behind
 
 def test_the_benchmark_runs_at_its_tiny_size_and_its_lines_parse(tmp_path, capsys, monkeypatch):
     from streamlab.book import bench
+    from streamlab.lab import measures
 
-    monkeypatch.setattr(bench, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(measures, "BENCH_DIR", tmp_path)  # where Report.save writes
     spec = importlib.util.spec_from_file_location("backpressure_benchmark", bench.SCRIPTS / "backpressure.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
