@@ -14,10 +14,12 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.lab.between import Bill
 from streamlab.hops.function_platform import Billing, busy_time, parse_args, platform_command
-from streamlab.hops.proxy import EXECUTION_LIMIT, Proxy, cut_event, serve_proxy
+from streamlab.hops.exchange import COMPLETE
+from streamlab.hops.forwarders import EXECUTION_LIMIT, cut_event
+from streamlab.hops.proxy import Proxy, serve_proxy
 from streamlab.protocol.sse import EventStreamParser
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,7 +118,7 @@ def test_a_silent_cut_looks_like_any_truncation(slow):
     assert 0 < len(trace.text_events) < BODY["max_tokens"]
     assert not trace.complete and trace.stop_reason is None and trace.error is None  # nothing says why
     (exchange,) = log
-    assert exchange["cut"] and not exchange["client_left"]
+    assert exchange["outcome"] == EXECUTION_LIMIT  # not the reader leaving, though the hop closed both
     assert exchange["bill"]["billed_s"] >= LIMIT
 
 
@@ -126,7 +128,7 @@ def test_a_cut_with_the_error_event_is_recognisable(slow):
     assert not trace.complete
     assert trace.stop_reason == "error"
     assert trace.error["type"] == EXECUTION_LIMIT and trace.error["limit_s"] == LIMIT
-    assert log[0]["cut"]
+    assert log[0]["outcome"] == EXECUTION_LIMIT
 
 
 def test_the_cut_closes_the_upstream_so_the_server_stops_generating(slow):
@@ -140,7 +142,7 @@ def test_an_answer_within_the_limit_is_whole_and_billed(slow):
     trace, log = through(slow.port, {**BODY, "max_tokens": 5}, max_duration=30)
     assert trace.complete and trace.stop_reason is not None and len(trace.text_events) == 5
     (exchange,) = log
-    assert not exchange["cut"] and exchange["bill"]["billed_s"] >= exchange["seconds"] > 0
+    assert exchange["outcome"] == COMPLETE and exchange["bill"]["billed_s"] >= exchange["seconds"] > 0
 
 
 # --------------------------------------------------------------------------
@@ -153,11 +155,11 @@ def test_a_buffering_runtime_sends_the_first_event_with_the_end(slow):
     assert trace.complete and len(trace.text_events) == 8
     assert trace.first_text == trace.end  # every event in the one write at the end
     assert trace.first_byte == trace.chunks[0][0] and len({t for t, _ in trace.chunks}) <= 2  # head + body
-    assert log[0]["mode"] == "whole response" and log[0]["writes"] == 1
+    assert log[0]["mode"] == "whole response" and log[0]["writes"] == 1 and log[0]["outcome"] == COMPLETE
 
 
 def test_a_buffering_runtime_cut_at_its_limit_answers_504_naming_it(slow):
     trace, log = through(slow.port, max_duration=LIMIT, buffer_response=True)
     assert trace.status == 504 and not trace.text_events
     assert trace.stop_reason == "error" and EXECUTION_LIMIT in trace.error["message"]
-    assert log[0]["cut"] and log[0]["status"] == 504
+    assert log[0]["outcome"] == EXECUTION_LIMIT and log[0]["status"] == 504  # not an upstream error

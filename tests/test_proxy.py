@@ -1,4 +1,4 @@
-"""Tests for streamlab.hops.proxy: the block buffer, the heads, and the proxy on real sockets.
+"""Tests for streamlab.hops.proxy: the heads, and the proxy on real sockets (its forwarders: test_forwarders.py).
 
 The integration tests run a small asyncio upstream written here (no model
 needed) that sends an event stream on a schedule, and a raw-socket client
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from streamlab.protocol.http_head import (
     LAST_CHUNK,
@@ -38,15 +36,18 @@ from streamlab.protocol.http_head import (
     parse_response_head,
     response_head,
 )
-from streamlab.hops.proxy import (
-    BlockBuffer,
-    PassThrough,
-    choose_forwarder,
-    client_response_head,
-    parse_args,
-    serve_proxy,
-    upstream_request_head,
+from streamlab.hops.exchange import (
+    CLIENT_LEFT,
+    COMPLETE,
+    CUT_AFTER,
+    IDLE_TIMEOUT,
+    INTERRUPTED,
+    OUTCOMES,
+    UPSTREAM_CUT,
+    UPSTREAM_ERROR,
 )
+from streamlab.hops.heads import client_response_head, upstream_request_head
+from streamlab.hops.proxy import parse_args, serve_proxy
 from streamlab.protocol.sse import EventStreamParser, encode_comment, encode_done, encode_event
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,81 +58,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-# --------------------------------------------------------------------------
-# The block buffer (pure)
-# --------------------------------------------------------------------------
-
-
-def test_block_buffer_holds_until_a_block_is_full():
-    buffer = BlockBuffer(8)
-    assert buffer.feed(b"abc") == []
-    assert buffer.held == 3
-    assert buffer.feed(b"defgh") == [b"abcdefgh"]
-    assert buffer.held == 0
-    assert buffer.finish() == b""
-
-
-def test_block_buffer_splits_big_input_into_exact_blocks():
-    buffer = BlockBuffer(4)
-    assert buffer.feed(b"0123456789") == [b"0123", b"4567"]
-    assert buffer.held == 2
-    assert buffer.feed(b"ab") == [b"89ab"]
-    assert buffer.feed(b"xyz") == []
-    assert buffer.finish() == b"xyz"  # the remainder, at the end of the body
-    assert buffer.finish() == b""
-
-
-def test_block_buffer_of_one_byte_forwards_everything():
-    assert BlockBuffer(1).feed(b"abc") == [b"a", b"b", b"c"]
-
-
-def test_block_buffer_refuses_empty_blocks():
-    with pytest.raises(ValueError):
-        BlockBuffer(0)
-
-
-@given(
-    pieces=st.lists(st.binary(max_size=50), max_size=30),
-    block=st.integers(min_value=1, max_value=64),
-)
-def test_block_buffer_loses_nothing_and_writes_only_whole_blocks(pieces, block):
-    buffer = BlockBuffer(block)
-    out = []
-    for piece in pieces:
-        blocks = buffer.feed(piece)
-        assert all(len(b) == block for b in blocks)
-        assert buffer.held < block
-        out += blocks
-    tail = buffer.finish()
-    assert len(tail) < block
-    assert b"".join(out) + tail == b"".join(pieces)
-
-
-def test_pass_through_forwards_at_once():
-    forwarder = PassThrough()
-    assert forwarder.feed(b"data: hi\n\n") == [b"data: hi\n\n"]
-    assert forwarder.feed(b"") == []
-    assert forwarder.finish() == b""
-
-
 def _response(*headers: tuple[str, str]) -> Response:
     lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
     return parse_response_head(f"HTTP/1.1 200 OK\r\n{lines}\r\n".encode())
-
-
-@pytest.mark.parametrize(
-    ("honor", "header", "mode"),
-    [
-        (True, "no", "passthrough"),
-        (True, "No ", "passthrough"),
-        (True, None, "buffering block=8192"),
-        (True, "yes", "buffering block=8192"),
-        (False, "no", "buffering block=8192"),
-    ],
-)
-def test_choose_forwarder(honor, header, mode):
-    headers = [("X-Accel-Buffering", header)] if header is not None else []
-    assert choose_forwarder(_response(*headers), block=8192, honor=honor).label == mode
 
 
 # --------------------------------------------------------------------------
@@ -420,7 +349,7 @@ def test_first_event_time_depends_on_the_mode(honor, accel_header, passthrough):
     assert trace.body == b"".join(data for _, data in up.steps)
     assert trace.response.header("transfer-encoding") is None  # re-framed: close-delimited
     (entry,) = log
-    assert entry["client_left"] is False and entry["idle_timeout"] is False
+    assert entry["outcome"] == COMPLETE and entry["error"] is None
     if passthrough:
         assert trace.response.header("x-streamlab-proxy") == "passthrough"
         assert trace.first_event < 0.3 * up.duration
@@ -476,6 +405,7 @@ def test_a_cut_upstream_body_is_flushed_and_logged():
     trace, log = run(main())
     assert trace.body == EVENT  # what there was, flushed; the client cannot tell it was cut
     assert "closed after 32 body bytes" in log[0]["error"]
+    assert log[0]["outcome"] == UPSTREAM_CUT
 
 
 # --------------------------------------------------------------------------
@@ -501,7 +431,7 @@ def test_client_close_reaches_the_upstream(honor):
     assert up.eof_after, "the upstream never saw the proxy close"
     assert up.eof_after[0] < 0.35 + 1.0
     assert up.completed == 0
-    assert log[0]["client_left"] is True
+    assert log[0]["outcome"] == CLIENT_LEFT
     if honor:
         assert 2 <= len(trace.events) <= 4  # what arrived before the reader left
     else:
@@ -520,7 +450,7 @@ def test_idle_timeout_kills_a_silent_stream():
 
     up, trace, log = run(main())
     assert len(trace.events) == 1 and not trace.done  # cut after the first event
-    assert log[0]["idle_timeout"] is True
+    assert log[0]["outcome"] == IDLE_TIMEOUT
     assert up.completed == 0 and up.eof_after
 
 
@@ -535,7 +465,7 @@ def test_idle_timeout_spares_a_stream_with_pings():
 
     up, trace, log = run(main())
     assert trace.done and len(trace.events) == 5
-    assert log[0]["idle_timeout"] is False
+    assert log[0]["outcome"] == COMPLETE
     assert up.completed == 1
 
 
@@ -543,10 +473,11 @@ def test_idle_timeout_before_the_head_is_a_504():
     async def main():
         async with upstream([(2.0, b"")], raw_head=b"", chunked=False) as up:  # says nothing
             async with serve_proxy(up.port, idle_timeout=0.2) as proxy:
-                return await fetch(proxy.port)
+                return await fetch(proxy.port), await proxy_log(proxy.port)
 
-    trace = run(main())
+    trace, log = run(main())
     assert trace.response.status == 504
+    assert log[0]["outcome"] == IDLE_TIMEOUT and log[0]["mode"] == "error"  # the timeout, not an upstream error
 
 
 # --------------------------------------------------------------------------
@@ -631,18 +562,19 @@ def test_upstream_down_is_a_502():
     trace, log = run(main())
     assert trace.response.status == 502
     assert "unreachable" in json.loads(trace.body)["error"]["message"]
-    assert log[0]["mode"] == "error" and log[0]["status"] == 502
+    assert log[0]["mode"] == "error" and log[0]["status"] == 502 and log[0]["outcome"] == UPSTREAM_ERROR
 
 
 def test_malformed_upstream_head_is_a_502():
     async def main():
         async with upstream([(0.0, b"")], raw_head=b"HTTP/1.1 two hundred OK\r\n\r\n") as up:
             async with serve_proxy(up.port) as proxy:
-                return await fetch(proxy.port)
+                return await fetch(proxy.port), await proxy_log(proxy.port)
 
-    trace = run(main())
+    trace, log = run(main())
     assert trace.response.status == 502
     assert "malformed status line" in json.loads(trace.body)["error"]["message"]
+    assert log[0]["outcome"] == UPSTREAM_ERROR
 
 
 @pytest.mark.parametrize(
@@ -686,7 +618,101 @@ def test_websocket_goes_through_as_a_tunnel():
 
     reply, binary, log = run(main())
     assert (reply, binary) == ("héllo", b"\x00\x01")
-    assert log[0]["mode"] == "tunnel" and log[0]["status"] == 101
+    assert log[0]["mode"] == "tunnel" and log[0]["status"] == 101 and log[0]["outcome"] == COMPLETE
+
+
+# --------------------------------------------------------------------------
+# One outcome per exchange (the ones not met above)
+# --------------------------------------------------------------------------
+
+
+def test_a_malformed_body_after_the_head_is_an_upstream_error():
+    async def main():
+        raw = response_head(200, [("Content-Type", "text/event-stream")], chunked=True)
+        async with upstream([(0.02, b"zz\r\nnot a chunk\r\n")], raw_head=raw, chunked=False) as up:
+            async with serve_proxy(up.port, honor=True) as proxy:
+                return await fetch(proxy.port), await proxy_log(proxy.port)
+
+    trace, log = run(main())
+    assert trace.response.status == 200 and trace.body == b""  # the head had gone: all it can do is close
+    assert log[0]["outcome"] == UPSTREAM_ERROR and "chunk" in log[0]["error"]
+
+
+def test_a_proxy_closed_in_the_middle_records_the_exchange_as_interrupted():
+    headers = [("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")]
+
+    async def main():
+        async with upstream(sse_steps(30, gap=0.1), headers=headers) as up:
+            async with serve_proxy(up.port, honor=True) as proxy:
+                reading = asyncio.create_task(fetch(proxy.port))
+                await asyncio.sleep(0.3)
+                assert proxy.log[0].outcome is None  # still running: no outcome yet
+            trace = await reading
+            return trace, list(proxy.log)
+
+    trace, log = run(main())
+    assert 1 <= len(trace.events) < 30
+    assert [exchange.outcome for exchange in log] == [INTERRUPTED]
+    assert INTERRUPTED in OUTCOMES and len(set(OUTCOMES)) == len(OUTCOMES)
+
+
+# --------------------------------------------------------------------------
+# The cutting hop (--cut-after): a clean end after N whole events
+# --------------------------------------------------------------------------
+
+SSE = [("Content-Type", "text/event-stream")]
+
+
+def split_steps(n: int, gap: float = 0.03) -> list[Step]:
+    """n events, each sent in two halves ``gap`` apart: no read of the proxy's ends where an event does."""
+    steps: list[Step] = []
+    for _ in range(n):
+        steps += [(gap, EVENT[:13]), (gap, EVENT[13:])]
+    return [*steps, (0.0, encode_done())]
+
+
+def test_the_cut_ends_the_chunked_body_after_n_whole_events_and_closes_the_upstream():
+    async def main():
+        async with upstream(split_steps(10), headers=SSE) as up:
+            async with serve_proxy(up.port, cut_after=3) as proxy:
+                trace = await fetch(proxy.port)  # returns only at a clean end: a cut chunked body raises
+                for _ in range(100):
+                    if up.eof_after:
+                        break
+                    await asyncio.sleep(0.01)
+                return up, trace, await proxy_log(proxy.port)
+
+    up, trace, log = run(main())
+    assert trace.response.header("transfer-encoding") == "chunked"
+    assert trace.response.header("x-streamlab-proxy") == "cutting after=3"
+    assert trace.body == EVENT * 3 and trace.events == ["x" * 24] * 3 and not trace.done
+    assert up.eof_after and up.completed == 0  # the upstream was hung up on, mid-answer
+    assert log[0]["outcome"] == CUT_AFTER and log[0]["mode"] == "cutting after=3"
+
+
+def test_a_stream_shorter_than_the_cut_passes_whole_and_chunked():
+    async def main():
+        async with upstream(split_steps(2, gap=0.01), headers=SSE) as up:
+            async with serve_proxy(up.port, cut_after=5) as proxy:
+                return up, await fetch(proxy.port), await proxy_log(proxy.port)
+
+    up, trace, log = run(main())
+    assert trace.done and trace.body == EVENT * 2 + encode_done()
+    assert trace.response.header("transfer-encoding") == "chunked"
+    assert up.completed == 1 and log[0]["outcome"] == COMPLETE
+
+
+def test_the_cutting_hop_leaves_other_responses_alone():
+    async def main():
+        body = b'{"data": [{"id": "fake"}]}'
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        async with upstream([(0.0, body)], headers=headers, chunked=False) as up:
+            async with serve_proxy(up.port, block=1, cut_after=1) as proxy:
+                return await fetch(proxy.port), await proxy_log(proxy.port)
+
+    trace, log = run(main())
+    assert trace.body == b'{"data": [{"id": "fake"}]}' and trace.response.content_length() == len(trace.body)
+    assert log[0]["mode"] == "passthrough" and log[0]["outcome"] == COMPLETE
 
 
 # --------------------------------------------------------------------------
@@ -706,11 +732,13 @@ def test_websocket_goes_through_as_a_tunnel():
 def test_upstream_argument_takes_a_port_or_a_url(argv, host, port):
     args = parse_args(argv)
     assert (args.upstream_host, args.upstream) == (host, port)
-    assert (args.block, args.honor, args.idle_timeout, args.port) == (8192, False, None, 0)
+    assert (args.block, args.honor, args.idle_timeout, args.port, args.cut_after) == (8192, False, None, 0, None)
+    assert parse_args([*argv, "--cut-after", "8"]).cut_after == 8
 
 
 def test_bad_arguments_are_refused():
-    for argv in (["--upstream", "http://nowhere"], ["--upstream", "1", "--block", "0"], []):
+    for argv in (["--upstream", "http://nowhere"], ["--upstream", "1", "--block", "0"], [],
+                 ["--upstream", "1", "--cut-after", "0"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
 
@@ -746,6 +774,22 @@ def test_the_program_proxies_and_stops_on_sigterm():
     assert trace.done and trace.response.header("x-streamlab-proxy") == "passthrough"
     assert code == 0
     assert b"GET /stream -> 200 passthrough" in stderr
+
+
+def test_the_program_cuts_after_n_events():
+    async def main():
+        async with upstream(sse_steps(6, gap=0.02), headers=SSE) as up:
+            process, port = await _start_program("--upstream", str(up.port), "--cut-after", "2")
+            try:
+                trace = await fetch(port)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(process.wait(), 10)
+            return trace, await process.stderr.read()
+
+    trace, stderr = run(main())
+    assert trace.body == EVENT * 2 and trace.response.header("transfer-encoding") == "chunked"
+    assert b"GET /stream -> 200 cutting after=2" in stderr and b"cut_after" in stderr
 
 
 def test_the_program_exits_when_stdin_closes():

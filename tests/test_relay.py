@@ -14,8 +14,8 @@ import pytest
 
 from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import serving
-from streamlab.client import timed as client
-from streamlab.lab import runner
+from streamlab import client
+from streamlab.lab import ecosystem, runner
 from streamlab.server.sources import UpstreamSource
 
 LONG = 60  # tokens asked for with ignore_eos: the script repeats
@@ -130,3 +130,46 @@ def test_serve_upstream_from_the_command_line(upstream):
                                  {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True})
         assert trace.text == DEFAULT_SCRIPT[:5]
         assert client.get_json_sync(relay.port, "/health")["engine"] == "upstream"
+
+
+# --------------------------------------------------------------------------
+# Chapter 10's cutting hop: a clean end before the terminator
+# --------------------------------------------------------------------------
+
+CUT = 4  # pieces the hop lets through
+
+
+@pytest.fixture(scope="module")
+def hop(upstream):
+    with ecosystem.CuttingHop(upstream.port, CUT) as hop:
+        yield hop
+
+
+@pytest.mark.parametrize("read", [ecosystem.read_openai, ecosystem.read_anthropic, ecosystem.read_httpx_sse],
+                         ids=["openai", "anthropic", "httpx-sse"])
+def test_the_sdks_hand_over_a_cleanly_cut_stream_as_if_it_were_whole(hop, read):
+    kwargs = {} if read is ecosystem.read_httpx_sse else {"model": "fake"}
+    result = read(hop.url, LONG, **kwargs)
+    assert result.raised is None and result.stop_reason is None  # no error: only the missing stop reason tells
+    assert result.pieces == CUT and DEFAULT_SCRIPT.startswith(result.text) and result.text
+
+
+def test_the_hop_counts_pieces_so_every_format_is_cut_after_the_same_text(hop):
+    texts = {path: client.post_sync(hop.port, path, ecosystem.request_body(fmt, LONG, model="fake")).text
+             for fmt, path in ecosystem.ROUTES.items()}
+    assert len(set(texts.values())) == 1 and len(texts["/stream"]) == CUT  # the fake model's tokens are bytes
+
+
+def test_the_hop_hangs_up_on_the_upstream_which_stops_generating(upstream, hop):
+    cuts, before = hop.cuts, ids(upstream)
+    trace = client.post_sync(hop.port, "/v1/chat/completions", BODIES["/v1/chat/completions"])
+    assert trace.status == 200 and len(trace.text_events) == CUT and not trace.complete
+    record = upstream_record(upstream, before)
+    assert record["stop_signal"] == "eof" and record["tokens"] < LONG
+    assert hop.cuts == cuts + 1
+
+
+def test_a_relay_behind_the_hop_turns_the_cut_into_an_error_the_sdk_raises(hop):
+    with serving(UpstreamSource(hop.url)) as relay:
+        result = ecosystem.read_openai(relay.url, LONG, model="fake")
+    assert result.raised is not None and result.text == DEFAULT_SCRIPT[:CUT]

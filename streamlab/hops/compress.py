@@ -10,8 +10,8 @@ comes out until the body ends. ``Z_SYNC_FLUSH`` after each write makes the
 compressor hand over everything it holds, on a byte boundary the reader
 can decode at once: the stream streams again, a few bytes worse off.
 
-Pure: bytes in, bytes out, no sockets. ``Gzip`` plugs into
-``streamlab.hops.proxy`` like its ``BlockBuffer`` and ``PassThrough``.
+Pure: bytes in, bytes out, no sockets. ``Gzip`` plugs into the proxy's
+forwarding loop like the forwarders of ``streamlab.hops.forwarders``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ class Gzip:
     stream that took a kilobyte and gave 10 bytes (the gzip header) is one
     the reader is still waiting for.
     """
+
+    holds_head = False
+    ended = False  # a compressor never ends a body itself
 
     def __init__(self, *, flush: bool, level: int = LEVEL) -> None:
         self.flush = flush

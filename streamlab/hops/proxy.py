@@ -17,39 +17,48 @@ It also does what a well-behaved proxy must do for streams:
 - with ``--idle-timeout`` it cuts a connection that brought no upstream
   bytes for that long, as cloud load balancers do: a stream that sends
   ``: ping`` comments survives, a silent one dies;
-- it logs every request (``GET /_proxy/log``), so an experiment can check
-  what the proxy did instead of guessing.
+- it logs every request (``GET /_proxy/log``), each with the one
+  ``outcome`` its exchange ended with, so an experiment can check what the
+  proxy did instead of guessing.
 
-The other hops of chapter 12 are options of this one forwarding loop, not
-copies of it: ``--gzip`` compresses like a middleware (``compress.py``),
-and ``python -m streamlab platform`` (``platform.py``) runs it as a
-function platform: an execution limit on the whole exchange, a runtime
-that may buffer the whole response, a bill per request.
+The other hops of chapters 10 and 12 are options of this one forwarding
+loop, not copies of it: ``--gzip`` compresses like a middleware
+(``compress.py``), ``--cut-after N`` ends event streams cleanly after N
+events as a hop with a limit does (chapter 10), and ``python -m streamlab
+platform`` (``function_platform.py``) runs it as a function platform: an
+execution limit on the whole exchange, a runtime that may buffer the whole
+response, a bill per request.
 
-The decisions (which headers pass, which mode, where blocks end) are pure
-functions and classes; the asyncio part only moves bytes between them. One
-request per connection: both sides get ``Connection: close``, which keeps
-the bookkeeping obvious and makes a closed connection mean one thing.
+The decisions are pure and live elsewhere: which headers pass in
+``heads.py``, what a body becomes on the way in ``forwarders.py``, how an
+exchange ended in ``exchange.py``. This module only moves bytes between
+the sockets and them. One request per connection: both sides get
+``Connection: close``, which keeps the bookkeeping obvious and makes a
+closed connection mean one thing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
-import time
 import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from streamlab.hops.compress import GZIP_MODES
+from streamlab.hops.exchange import CLIENT_LEFT, COMPLETE, CUT_AFTER, IDLE_TIMEOUT, UPSTREAM_CUT, UPSTREAM_ERROR, Exchange
+from streamlab.hops.forwarders import (
+    DEFAULT_BLOCK, EXECUTION_LIMIT, BlockBuffer, CuttingForwarder, choose_forwarder, cut_event, forwarder_for,
+)
+from streamlab.hops.heads import client_response_head, is_upgrade, upstream_request_head
+from streamlab.net.serving import ClientGone, serve_until_signalled
 from streamlab.protocol import sse
-from streamlab.hops.compress import GZIP_MODES, Gzip, accepts_gzip, no_transform
-
+from streamlab.protocol.endings import WRITE_FAILED
 from streamlab.protocol.http_head import (
     BodyReader,
     HTTPError,
@@ -60,318 +69,21 @@ from streamlab.protocol.http_head import (
     ResponseHeadParser,
     error_response,
     json_response,
-    response_head,
 )
-from streamlab.server.connection import ClientGone, serve_until_signalled
-from streamlab.protocol.endings import WRITE_FAILED
 
+# choose_forwarder and forwarder_for are re-exported: chapters 6 and 12 show them as the proxy's.
 __all__ = [
-    "DEFAULT_BLOCK",
-    "EXECUTION_LIMIT",
-    "LOG_PATH",
-    "BlockBuffer",
-    "Exchange",
-    "PassThrough",
-    "Proxy",
-    "ProxyConfig",
-    "WholeResponse",
-    "choose_forwarder",
-    "client_response_head",
-    "cut_event",
-    "forwarder_for",
-    "is_upgrade",
-    "main",
+    "DEFAULT_BLOCK", "LOG_PATH", "Exchange", "Proxy", "ProxyConfig", "choose_forwarder", "forwarder_for", "main",
     "serve_proxy",
-    "upstream_request_head",
 ]
 
 log = logging.getLogger("streamlab.hops.proxy")
 
-DEFAULT_BLOCK = 8192  # the original write-up's block; nginx's buffers are a page (4 or 8 KiB)
 LOG_PATH = "/_proxy/log"  # answered by the proxy itself, never forwarded
 MAX_BODY = 1 << 20  # the largest request body we forward
 HEAD_TIMEOUT = 30.0  # seconds a client may take to send its request
 CONNECT_TIMEOUT = 10.0
 READ_SIZE = 65536
-
-# Hop-by-hop headers (RFC 9110 section 7.6.1) describe one connection, not
-# the message: a proxy has two connections and must not copy them from one
-# to the other. A header named in ``Connection`` is hop-by-hop too.
-HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
-)
-
-
-# --------------------------------------------------------------------------
-# The two ways to forward a body (pure: bytes in, bytes to write out)
-# --------------------------------------------------------------------------
-
-
-class _Holding:
-    """A forwarder that holds bytes back: what it holds, and the rest handed over when the body ends."""
-
-    def __init__(self) -> None:
-        self._held = bytearray()
-
-    @property
-    def held(self) -> int:
-        """Bytes received but not yet forwarded."""
-        return len(self._held)
-
-    def finish(self) -> bytes:
-        """The body ended: return what is still held (maybe nothing)."""
-        rest = bytes(self._held)
-        self._held.clear()
-        return rest
-
-
-class BlockBuffer(_Holding):
-    """Forward a body only in whole blocks: the worst buffering hop.
-
-    Bytes are held until ``block`` of them are there; what is left when the
-    body ends goes out with ``finish()``. An answer shorter than one block
-    therefore reaches the reader in one piece, at the very end, however
-    early the server sent its first word.
-    """
-
-    def __init__(self, block: int = DEFAULT_BLOCK) -> None:
-        if block < 1:
-            raise ValueError("block must be at least 1 byte")
-        super().__init__()
-        self.block = block
-        self.label = f"buffering block={block}"
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Take body bytes; return the full blocks to write now (often none)."""
-        self._held += data
-        full = len(self._held) // self.block * self.block
-        blocks = [bytes(self._held[i : i + self.block]) for i in range(0, full, self.block)]
-        del self._held[:full]
-        return blocks
-
-
-class PassThrough:
-    """Forward every byte as soon as it arrives: what ``X-Accel-Buffering: no`` asks for."""
-
-    label = "passthrough"
-    held = 0
-
-    def feed(self, data: bytes) -> list[bytes]:
-        return [bytes(data)] if data else []
-
-    def finish(self) -> bytes:
-        return b""
-
-
-class WholeResponse(_Holding):
-    """Hold the whole response, head included, and send it when it ends: a runtime that buffers.
-
-    Some function runtimes collect what the handler returns and hand it to
-    the platform's front door only when the handler is done: the reader's
-    first event is the answer's end, whatever the handler streamed.
-    """
-
-    label = "whole response"
-    holds_head = True
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._held += data
-        return []
-
-
-class Forwarder(Protocol):
-    """What ``_relay_body`` asks of a forwarder: bytes in, bytes to write out, the rest at the end."""
-
-    label: str
-
-    def feed(self, data: bytes) -> list[bytes]: ...
-
-    def finish(self) -> bytes: ...
-
-
-def choose_forwarder(response: Response, *, block: int, honor: bool) -> BlockBuffer | PassThrough:
-    """Pick the mode for one response, as nginx does: per response, from its head.
-
-    Only the upstream knows that a response is a stream, so it is the one
-    that asks, with ``X-Accel-Buffering: no``. Whether the proxy listens is
-    its own configuration: nginx does by default, this proxy with ``--honor``.
-    """
-    if honor and (response.header("x-accel-buffering") or "").strip().lower() == "no":
-        return PassThrough()
-    return BlockBuffer(block)
-
-
-def forwarder_for(request: Request, response: Response, config: ProxyConfig) -> Forwarder:
-    """The forwarder for one response, every option of the proxy in one place.
-
-    A buffering runtime holds everything; a compressing hop compresses for a
-    reader that accepts gzip, a body not already encoded, unless it honours
-    the server's ``Cache-Control: no-transform``; else blocks or passthrough.
-    """
-    if config.buffer_response:
-        return WholeResponse()
-    if (
-        config.gzip != "off"
-        and accepts_gzip(request)
-        and response.header("content-encoding") is None
-        and not (config.honor and no_transform(response))
-    ):
-        return Gzip(flush=config.gzip == "flush")
-    if config.block == 1:
-        return PassThrough()  # a block of one byte is no buffering: pass whole reads on, not byte by byte
-    return choose_forwarder(response, block=config.block, honor=config.honor)
-
-
-EXECUTION_LIMIT = "execution_limit"
-
-
-def cut_event(limit: float) -> bytes:
-    """The SSE event a platform that says why it cut writes last: ``event: error`` naming the limit.
-
-    Without it, the reader sees the body simply stop, like any truncation;
-    with it, a client (ours, the official SDKs) reports an error it can name.
-    """
-    error = {"type": EXECUTION_LIMIT, "message": f"the function ran for its limit of {limit:g} s", "limit_s": limit}
-    return sse.encode_event(json.dumps({"error": error}), event="error")
-
-
-# --------------------------------------------------------------------------
-# Heads: what crosses the proxy, and what does not (pure)
-# --------------------------------------------------------------------------
-
-
-def _hop_by_hop(headers: Iterable[tuple[str, str]]) -> set[str]:
-    named = {
-        token.strip().lower()
-        for name, value in headers
-        if name == "connection"
-        for token in value.split(",")
-    }
-    return set(HOP_BY_HOP) | named
-
-
-def _title(name: str) -> str:
-    """``x-accel-buffering`` -> ``X-Accel-Buffering``: names are case-insensitive, this is for people."""
-    return "-".join(part.capitalize() for part in name.split("-"))
-
-
-def is_upgrade(request: Request) -> bool:
-    """Whether the client asks to switch protocols (a WebSocket handshake)."""
-    connection = {t.strip().lower() for t in (request.header("connection") or "").split(",")}
-    return "upgrade" in connection and request.header("upgrade") is not None
-
-
-def upstream_request_head(
-    request: Request, body_length: int, *, client_ip: str, upstream: str
-) -> bytes:
-    """The request as the upstream sees it.
-
-    ``Host`` is kept as the reader sent it, so the server sees the name the
-    reader used (nginx by default sends its upstream's address instead),
-    and checks it: a loopback name passes, whatever its port;
-    ``X-Forwarded-For`` gains the reader's address, the one thing the
-    server can no longer see for itself. The body, read whole and
-    de-chunked, goes with a ``Content-Length``. ``Connection: close``: one
-    request per upstream connection, so closing it is an unambiguous "the
-    reader left" for the server. A WebSocket handshake keeps its
-    ``Upgrade``, which is what that request is about.
-    """
-    drop = _hop_by_hop(request.headers) | {"content-length", "expect", "x-forwarded-for"}
-    headers = [(_title(name), value) for name, value in request.headers if name not in drop]
-    if request.header("host") is None:  # HTTP/1.0 clients may omit it
-        headers.insert(0, ("Host", upstream))
-    forwarded = request.header_values("x-forwarded-for") + [client_ip]
-    headers.append(("X-Forwarded-For", ", ".join(forwarded)))
-    if body_length or request.content_length() is not None or request.is_chunked():
-        headers.append(("Content-Length", str(body_length)))
-    if is_upgrade(request):
-        headers += [("Connection", "Upgrade"), ("Upgrade", request.header("upgrade") or "")]
-    else:
-        headers.append(("Connection", "close"))
-    lines = [f"{request.method} {request.target} HTTP/1.1"]
-    lines += [f"{name}: {value}" for name, value in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def client_response_head(response: Response, label: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:
-    """The upstream's head as this proxy re-frames it for its client.
-
-    The body is written de-chunked and ends when the connection closes
-    (``Connection: close``, no ``Transfer-Encoding``); a ``Content-Length``
-    survives only if no chunked framing overrode it. ``X-Streamlab-Proxy``
-    says which mode the proxy chose. ``X-Accel-Buffering`` is passed on
-    (nginx hides it) so a reader can see that the server asked. ``extra``
-    are the forwarder's own (``Content-Encoding: gzip``), which also drop
-    any length: the body changes size on the way.
-    """
-    extra = list(extra)
-    drop = _hop_by_hop(response.headers)
-    if response.header("transfer-encoding") is not None or extra:
-        drop.add("content-length")
-    drop |= {name.lower() for name, _ in extra}
-    headers = [(_title(name), value) for name, value in response.headers if name not in drop] + extra
-    if response.status == 101:
-        headers += [("Connection", "Upgrade"), ("Upgrade", response.header("upgrade") or "")]
-    else:
-        headers.append(("Connection", "close"))
-    headers.append(("X-Streamlab-Proxy", label))
-    return response_head(response.status, headers)
-
-
-# --------------------------------------------------------------------------
-# The log
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class Exchange:
-    """What the proxy did with one request: a row of ``GET /_proxy/log``."""
-
-    method: str
-    target: str
-    status: int | None = None
-    mode: str = ""  # "buffering block=N", "passthrough", "tunnel" or "error"
-    upstream_bytes: int = 0  # read from the upstream, head and framing included
-    client_bytes: int = 0  # written to the client, head included
-    writes: int = 0  # body writes to the client: the blocks, when buffering
-    first_write_s: float | None = None  # from the request to the first body write
-    seconds: float = 0.0
-    client_left: bool = False  # the client closed before the upstream finished
-    idle_timeout: bool = False  # we cut the upstream after --idle-timeout of silence
-    cut: bool = False  # the platform's execution limit ended it (--max-duration)
-    error: str | None = None
-    bill: dict[str, Any] | None = None  # what a platform charges for it (--memory-mb, --price-per-gb-s)
-
-    def __post_init__(self) -> None:
-        self._started = time.monotonic()  # not a field: the log shows durations, not clocks
-
-    def wrote(self, size: int, *, body: bool) -> None:
-        """Count a write to the client; remember when the first body bytes left."""
-        self.client_bytes += size
-        if body:
-            self.writes += 1
-            if self.first_write_s is None:
-                self.first_write_s = round(time.monotonic() - self._started, 4)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._started
-
-    def finish(self) -> None:
-        self.seconds = round(self.elapsed(), 4)
-
-    def summary(self) -> str:
-        notes = [f"{self.upstream_bytes} bytes in, {self.client_bytes} out, {self.writes} writes"]
-        if self.client_left:
-            notes.append("client left: closed upstream")
-        if self.idle_timeout:
-            notes.append("idle timeout: closed both")
-        if self.cut:
-            notes.append("execution limit: cut")
-        if self.bill:
-            notes.append("billed " + ", ".join(f"{k}={v}" for k, v in self.bill.items()))
-        if self.error:
-            notes.append(self.error)
-        return f"{self.method} {self.target} -> {self.status} {self.mode} in {self.seconds:.2f} s: " + "; ".join(notes)
 
 
 class _IdleTimeout(Exception):
@@ -379,7 +91,7 @@ class _IdleTimeout(Exception):
 
 
 # --------------------------------------------------------------------------
-# The I/O: thin glue between sockets and the pieces above
+# The I/O: thin glue between sockets, the heads and the forwarders
 # --------------------------------------------------------------------------
 
 
@@ -398,6 +110,8 @@ class ProxyConfig:
     error_event: bool = False  # at the limit, write an SSE error event naming it before closing
     buffer_response: bool = False  # hold the whole response, head included, until it ends
     billing: Billing | None = None  # the platform's price list (platform.py)
+    cut_after: int | None = None  # end event streams cleanly after this many events (forwarders.CuttingForwarder)
+    counts: Callable[[sse.Event], bool] | None = None  # which events count towards cut_after (all, by default)
 
 
 class Billing(Protocol):
@@ -509,21 +223,21 @@ class Proxy:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if not done:
-                    exchange.cut = True  # the platform stops the function, mid-sentence
+                    exchange.end(EXECUTION_LIMIT)  # the platform stops the function, mid-sentence
                 elif response not in done:
                     # The reader left first. Closing the upstream connection
                     # (the finally below) is how the server finds out.
-                    exchange.client_left = True
+                    exchange.end(CLIENT_LEFT)
             finally:
                 client_side.cancel()
                 response.cancel()
                 results = await asyncio.gather(client_side, response, return_exceptions=True)
             for result in results:
                 if isinstance(result, ClientGone):  # a write to the client failed
-                    exchange.client_left = True
+                    exchange.end(CLIENT_LEFT)
                 elif isinstance(result, Exception):
                     log.error("%s %s: %r", request.method, request.target, result)
-            if exchange.cut:
+            if exchange.outcome == EXECUTION_LIMIT:
                 await self._cut(writer, exchange)
         finally:
             up_writer.close()
@@ -564,6 +278,7 @@ class Proxy:
                 await _write(writer, rest, exchange, body=True)
                 while data := await self._read_upstream(up_reader, exchange):
                     await _write(writer, data, exchange, body=True)
+                exchange.end(COMPLETE)
             else:
                 await self._relay_body(request, response, rest, up_reader, writer, exchange)
         except _IdleTimeout:
@@ -571,6 +286,7 @@ class Proxy:
                         request.method, request.target, self.config.idle_timeout)
         except HTTPError as error:  # a malformed body, after the head went out
             exchange.error = error.message
+            exchange.end(UPSTREAM_ERROR)
 
     async def _relay_body(
         self,
@@ -585,12 +301,14 @@ class Proxy:
 
         A forwarder that ``holds_head`` (a buffering runtime) keeps the head
         too, until its first write: the reader gets nothing, not even a status.
+        One that has ``ended`` the body (a cutting hop) is read no further:
+        returning closes the upstream, which is how the server finds out.
         """
         forwarder = forwarder_for(request, response, self.config)
         exchange.mode = forwarder.label
         body = BodyReader(response, request.method)
-        head = client_response_head(response, forwarder.label, getattr(forwarder, "headers", ()))
-        held_head = getattr(forwarder, "holds_head", False)
+        head = client_response_head(response, forwarder.label, forwarder.headers)
+        held_head = forwarder.holds_head
         if not held_head:
             await _write(writer, head, exchange)
 
@@ -604,9 +322,12 @@ class Proxy:
         data = rest
         while not body.done:
             for piece in body.feed(data):
-                for block in forwarder.feed(piece):
+                blocks = forwarder.feed(piece)
+                if forwarder.ended:  # said before the last chunk leaves: a reader that saw the end finds it logged
+                    exchange.end(CUT_AFTER)
+                for block in blocks:
                     await emit(block)
-            if body.done:
+            if body.done or forwarder.ended:
                 break
             data = await self._read_upstream(up_reader, exchange)
             if not data:
@@ -616,8 +337,11 @@ class Proxy:
                     # Our client reads a close-delimited body and cannot tell
                     # this cut from a proper end: why SSE needs an end event.
                     exchange.error = str(error)
+                    exchange.end(UPSTREAM_CUT)
                     break
-        await emit(forwarder.finish())
+        # A body that cannot be (HEAD, 204, 304) gets no forwarder's last bytes, not even a gzip trailer.
+        await emit(forwarder.finish() if body.mode != "none" else b"")
+        exchange.end(COMPLETE)
 
     async def _read_response_head(
         self, up_reader: asyncio.StreamReader, exchange: Exchange
@@ -644,7 +368,7 @@ class Proxy:
         try:
             data = await asyncio.wait_for(up_reader.read(READ_SIZE), self.config.idle_timeout)
         except asyncio.TimeoutError:
-            exchange.idle_timeout = True
+            exchange.end(IDLE_TIMEOUT)
             raise _IdleTimeout from None
         except ConnectionError:
             return b""  # a reset reads as an early end
@@ -653,8 +377,13 @@ class Proxy:
 
 
 async def _fail(writer: asyncio.StreamWriter, exchange: Exchange, status: int, message: str) -> None:
-    """Answer with an error of our own (502, 504) in place of the upstream's response."""
+    """Answer with an error of our own (502, 504) in place of the upstream's response.
+
+    The outcome is the upstream's error unless something ended the exchange
+    first: the 504 of an idle timeout or of the execution limit.
+    """
     exchange.mode, exchange.status, exchange.error = "error", status, message
+    exchange.end(UPSTREAM_ERROR)
     await _write(writer, error_response(status, message), exchange)
 
 
@@ -738,6 +467,8 @@ async def serve_proxy(
     """
     config = ProxyConfig(upstream_port, upstream_host, port, block, honor, idle_timeout, **options)
     BlockBuffer(block)  # refuse a bad block size before listening
+    if config.cut_after is not None:
+        CuttingForwarder(config.cut_after)  # and a bad cut
     if config.gzip not in GZIP_MODES:
         raise ValueError(f"gzip must be one of {GZIP_MODES}")
     proxy = Proxy(config)
@@ -770,6 +501,8 @@ def build_parser(
     p.add_argument("--idle-timeout", type=float, default=None, metavar="S", help="cut streams silent for S seconds")
     p.add_argument("--gzip", choices=GZIP_MODES, default="off",
                    help="compress for readers that accept gzip: buffered (as middlewares do) or with a sync flush per write")
+    p.add_argument("--cut-after", type=int, default=None, metavar="N",
+                   help="end each event stream cleanly (the zero-length chunk) after N whole events, close the upstream")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)")
     return p
 
@@ -779,6 +512,8 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
     args = p.parse_args(argv)
     if args.block < 1:
         p.error("--block must be at least 1")
+    if args.cut_after is not None and args.cut_after < 1:
+        p.error("--cut-after must be at least 1")
     url_host, args.upstream = args.upstream
     args.upstream_host = args.upstream_host or url_host or "127.0.0.1"
     return args
@@ -806,6 +541,7 @@ async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         honor=args.honor,
         idle_timeout=args.idle_timeout,
         gzip=args.gzip,
+        cut_after=args.cut_after,
         **options,
     ) as proxy:
         await serve_until_signalled(proxy.url, exit_on_stdin_eof=args.exit_on_stdin_eof)

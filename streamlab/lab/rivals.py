@@ -34,6 +34,8 @@ import socket
 import sys
 from typing import Any
 
+from streamlab.net.serving import on_stdin_eof
+
 KINDS = ("starlette", "sse-starlette", "websockets")
 PING_SECONDS = 15.0  # keep-alive comments in silences, as our server's --ping-interval default
 
@@ -114,27 +116,6 @@ def listening_socket(host: str, port: int, backlog: int = 2048) -> socket.socket
     return sock
 
 
-def _on_stdin_eof(callback: Any) -> None:
-    """Call ``callback`` on the loop when stdin closes: a parent that dies takes us along."""
-    import os
-    import threading
-
-    loop = asyncio.get_running_loop()
-
-    def wait() -> None:
-        try:
-            while os.read(sys.stdin.fileno(), 4096):
-                pass
-        except OSError:
-            pass
-        try:
-            loop.call_soon_threadsafe(callback)
-        except RuntimeError:
-            pass
-
-    threading.Thread(target=wait, name="stdin-eof", daemon=True).start()
-
-
 def _ready(sock: socket.socket, what: str) -> None:
     host, port = sock.getsockname()[:2]
     print(f"rivals: {what} listening on http://{host}:{port}", flush=True)
@@ -149,7 +130,7 @@ async def serve_starlette(sock: socket.socket, rate: float, *, sse_starlette: bo
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))  # uvicorn handles SIGTERM and SIGINT itself
     if stdin_eof:
-        _on_stdin_eof(lambda: setattr(server, "should_exit", True))
+        on_stdin_eof(lambda: setattr(server, "should_exit", True))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if server.started:
@@ -189,7 +170,7 @@ async def serve_websockets(sock: socket.socket, rate: float, *, stdin_eof: bool 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     if stdin_eof:
-        _on_stdin_eof(stopping.set)
+        on_stdin_eof(stopping.set)
     # compression=None: our server offers none, and the driver asks for none.
     async with serve(handler, sock=sock, compression=None, ping_interval=20, ping_timeout=20, max_size=1 << 20):
         _ready(sock, "websockets")

@@ -1,34 +1,24 @@
-"""One accepted TCP connection, and how a program serves until it is told to stop.
+"""One accepted TCP connection of the model server.
 
 The I/O layer is thin on purpose: bytes are read here with a deadline and
 written here with a timeout, and everything they mean is decided by the
-sans-IO modules (``http``, ``sse``, ``websocket``). Shared by the model
-server and the stand-in proxy.
+sans-IO modules (``http``, ``sse``, ``websocket``). ``ClientGone`` and
+``serve_until_signalled`` live in ``streamlab.net.serving``, which the
+proxy shares; they are imported here so older imports keep working.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
-import sys
-import threading
 import time
 from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from streamlab.net.serving import ClientGone, serve_until_signalled  # noqa: F401 - importable from here too
 from streamlab.protocol.http_head import BodyReader, HTTPError, Request, RequestHeadParser
 from streamlab.protocol.endings import EOF, WRITE_FAILED, WRITE_TIMEOUT
 from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE
-
-
-class ClientGone(Exception):
-    """A write could not be completed: the client reset, closed, or stopped reading."""
-
-    def __init__(self, signal: str) -> None:
-        super().__init__(signal)
-        self.signal = signal
 
 
 class ClientConnection:
@@ -232,33 +222,3 @@ async def until_client_leaves(client: ClientConnection, work: Awaitable[None]) -
             if not left:  # we are being cancelled ourselves (server shutdown)
                 raise
     return not left
-
-
-def _on_stdin_eof(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-    """Call ``callback`` when stdin closes: a parent that dies closes our stdin and takes us along."""
-
-    def wait_for_eof() -> None:
-        # os.read, not sys.stdin: a thread blocked inside the buffered reader
-        # holds its lock, and the interpreter aborts on that lock at exit.
-        with suppress(OSError):
-            while os.read(sys.stdin.fileno(), 4096):
-                pass
-        with suppress(RuntimeError):  # the loop may already be closed
-            loop.call_soon_threadsafe(callback)
-
-    threading.Thread(target=wait_for_eof, name="stdin-eof", daemon=True).start()
-
-
-async def serve_until_signalled(url: str, *, exit_on_stdin_eof: bool = False) -> None:
-    """Say where we listen, then wait for SIGINT, SIGTERM (or stdin EOF): the caller then shuts down.
-
-    ``streamlab: listening on URL`` on stdout is the line the runner waits for.
-    """
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    if exit_on_stdin_eof:
-        _on_stdin_eof(loop, stopping.set)
-    print(f"streamlab: listening on {url}", flush=True)
-    await stopping.wait()
