@@ -1,1 +1,10 @@
-"""book"""
+"""The top layer: what turns the lab's measurements into chapters a reader reads.
+
+    chapter.py    helpers the notebooks share (show the library's source, record the headline)
+    notebooks.py  python -m streamlab run-notebooks: every chapter executed with papermill
+    plots.py      every chart the chapters draw; style.py its one style and the reading threshold
+    figures.py    each figure a chapter shows, saved as PNG and SVG
+    report.py     build/report.html: each chapter's headline and key figure
+    grading.py    the exercises' checks, and grading a class
+    bench.py      make bench: every benchmark in its own process, then the summary of targets
+"""

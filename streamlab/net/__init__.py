@@ -1,1 +1,8 @@
-"""net"""
+"""Thin asyncio glue that the server, the client and the hops share, above the protocol and below them all.
+
+    aio.py       run the library's coroutines from a script, a test or a notebook cell alike
+    serving.py   serve until signalled, the stdin-EOF watcher, ``ClientGone``
+    settings.py  every setting declared once: the flags, the config object and the table of limits
+
+It may import only ``streamlab.protocol`` and the standard library.
+"""
