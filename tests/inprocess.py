@@ -29,4 +29,5 @@ def serving(lm: Any = None, **config: Any) -> Iterator[Server]:
 
 def on_loop(server: Server, coroutine: Any, timeout: float = 10) -> Any:
     """Run a coroutine on the server's loop (to read its state safely) and return its result."""
-    return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(timeout)  # type: ignore[attr-defined]
+    assert server.loop is not None, "the server has not been started"
+    return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(timeout)

@@ -228,18 +228,18 @@ def test_the_engine_flag():
 def test_a_model_that_cannot_be_batched_runs_threads_whatever_the_config():
     from fakes import FakeLM
     from inprocess import serving
-    from streamlab.client import timed as client
+    from streamlab import client
 
     with serving(FakeLM("Hello, world!"), engine="batched") as server:
         trace = client.stream_sync(server.port, "hi", 50)
         assert trace.text == "Hello, world!" and trace.complete
-        assert server.engine._batched is None
+        assert server.source._batched is None
 
 
 @model
 def test_the_server_streams_from_the_batch(lm):
     from inprocess import serving
-    from streamlab.client import timed as client
+    from streamlab import client
 
     async def readers(port):
         return await asyncio.gather(
@@ -256,7 +256,7 @@ def test_the_server_streams_from_the_batch(lm):
             left = client.wait_log_sync(server.port, traces[3].request_id)
             assert left["stop_reason"] == STOPPED and left["tokens"] <= left["tokens_at_stop"] + 2
             if engine == "batched":
-                assert server.engine._batched.stats.max_batch >= 2
+                assert server.source._batched.stats.max_batch >= 2
             else:
-                assert server.engine._batched is None
+                assert server.source._batched is None
     assert texts["batched"] == texts["threads"]

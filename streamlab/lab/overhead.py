@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -150,49 +148,26 @@ def model_overhead(lm: Any, *, tokens: int = 64, rounds: int = 5, prompt: str = 
 
 
 class _Recording:
-    """Wraps an engine: every generation it makes notes when each of its pieces was made."""
+    """Wraps a token source: every generation it makes notes when each of its pieces was made.
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    It watches through ``Generation.observers``, which sees each piece as its
+    driver hands it over, so the times are the model side's own and nothing
+    of the generation is replaced.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
         self.made: list[list[float]] = []
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
+        return getattr(self.source, name)
 
     def generation(self, *args: Any, **kwargs: Any) -> Any:
-        gen = self.engine.generation(*args, **kwargs)
+        gen = self.source.generation(*args, **kwargs)
         made: list[float] = []
         self.made.append(made)
-        hand_over = gen._hand_over
-
-        def noting(item: Any) -> None:
-            if item is not None and item.text:
-                made.append(item.time)
-            hand_over(item)
-
-        gen._hand_over = noting
+        gen.observers.append(lambda piece: made.append(piece.time))
         return gen
-
-
-def _serve_in_thread(lm: Any, **config: Any) -> tuple[Any, Any, asyncio.AbstractEventLoop, threading.Thread]:
-    from streamlab.server import Server, ServerConfig
-    from streamlab.server.sources import source_for
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="overhead-server", daemon=True)
-    thread.start()
-    folder = tempfile.mkdtemp(prefix="streamlab-overhead-")
-    engine = _Recording(source_for(lm))
-    server = Server(engine, ServerConfig(port=0, db_path=os.path.join(folder, "streamlab.db"), **config))
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-    return server, engine, loop, thread
-
-
-def _stop(server: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
 
 
 def read_arrivals(route: str, port: int, prompt: str, tokens: int) -> list[float]:
@@ -207,16 +182,19 @@ def read_arrivals(route: str, port: int, prompt: str, tokens: int) -> list[float
 def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Sequence[str] = ("/stream", "/ws"),
                     prompt: str = PROMPT) -> dict[str, Any]:
     """Piece made → client socket got it, per piece, for each route; median and p99 in ms."""
-    server, engine, loop, thread = _serve_in_thread(lm, max_active=4)
+    from streamlab.lab.runner import serve_in_process
+    from streamlab.server.sources import source_for
+
+    recording = _Recording(source_for(lm))
     results: dict[str, Any] = {}
-    try:
+    with serve_in_process(recording, max_active=4) as server:
         for route in routes:
             latencies: list[float] = []
             mismatched = 0
             for _ in range(rounds):
-                before = len(engine.made)
+                before = len(recording.made)
                 arrivals = read_arrivals(route, server.port, prompt, tokens)
-                made = engine.made[before] if len(engine.made) > before else []
+                made = recording.made[before] if len(recording.made) > before else []
                 if len(made) != len(arrivals):
                     mismatched += 1
                 latencies += [(got - at) * 1e3 for at, got in zip(made, arrivals)]
@@ -228,18 +206,16 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
                 "mismatched_runs": mismatched,
                 "latencies_ms": latencies,
             }
-    finally:
-        _stop(server, loop, thread)
     return {"tokens": tokens, "rounds": rounds, "routes": results}
 
 
 def _client(route: str, port: int, tokens: int, prompt: str) -> list[float]:
-    from streamlab.client import timed as client
+    from streamlab import client
 
     if route == "/ws":
         trace = asyncio.run(client.websocket(port, prompt, tokens, ignore_eos=True))
     else:
-        trace = asyncio.run(client.ask(port, route, prompt, tokens, ignore_eos=True))
+        trace = asyncio.run(client.post(port, route, client.request_body(prompt, tokens, ignore_eos=True)))
     return [trace.sent + e.t for e in trace.events if e.kind == "text" and e.text]
 
 

@@ -206,13 +206,16 @@ def proxy(
 
 @contextmanager
 def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
-    """``with serve_in_process(lm, engine="threads") as server:`` a ``Server`` over ``lm`` in this process.
+    """``with serve_in_process(lm, engine="threads") as server:`` a started ``Server`` over ``lm`` in this process.
 
-    It runs on an event loop of its own, in a thread, on a free port of
-    127.0.0.1 (``server.port``; ``server.loop`` is its loop), with a
+    ``lm`` is what ``Server`` takes: a loaded model, a fake one, or a token
+    source (a wrapper that watches every generation, as
+    ``streamlab.lab.overhead`` uses). The server runs on an event loop of its
+    own, in a thread, on a free port of 127.0.0.1 (``server.port``;
+    ``server.loop`` is that loop, for ``run_coroutine_threadsafe``), with a
     throwaway store unless ``db_path`` is given, and is shut down on the way
-    out. No process to start and no model to load again: a chapter that
-    has the model already serves it in seconds less (the tests serve a fake).
+    out. No process to start and no model to load again: a chapter that has
+    the model already serves it in seconds less (the tests serve a fake).
     """
     import asyncio
 
@@ -225,10 +228,9 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     server = Server(lm, ServerConfig(port=0, **config))
     try:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-        server.loop = loop  # type: ignore[attr-defined]  # for callers that must run something on it
         yield server
     finally:
-        if server._listener is not None:
+        if server.listening:
             asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)

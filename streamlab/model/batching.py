@@ -17,8 +17,13 @@ arithmetic, so a pass over 8 rows costs little more than a pass over one.
    ``input_ids`` ``[B, 1]``, one left-padded KV cache for the batch, a 2D
    attention mask with 0 for the padding, each row's own ``position_ids``;
    each row sampled with its generation's own :class:`Sampler` (so an answer
-   is the one its seed gives alone) and handed to ``Generation._accept``,
-   the very code the thread runs for each token.
+   is the one its seed gives alone) and handed to ``Generation.accept``,
+   the very move the thread makes for each token.
+
+The loop moves each generation only through its public lifecycle
+(``begin``, ``prompt_chunks``, ``chunk_read``, ``check``, ``accept``, ``end``:
+see :mod:`streamlab.model.lifecycle`), as the generation's own thread does:
+what a reader gets cannot depend on which of the two ran the model.
 
 The batch's cache is rebuilt only when its membership changes (a prompt read,
 an answer ended): each row's cache is taken out, stripped of its padding and
@@ -131,7 +136,7 @@ class BatchedEngine:
 
     def submit(self, gen: Any) -> None:
         """Take a started generation (its queue and loop set): it is read and decoded from the next turn on."""
-        gen._begin()  # its clock starts now: the wait for the loop's next turn is part of its time
+        gen.begin()  # its clock starts now: the wait for the loop's next turn is part of its time
         with self._cond:
             self._inbox.append(gen)
             if self._thread is None:
@@ -197,11 +202,13 @@ class BatchedEngine:
             self._inbox.clear()
         for gen in arrived:
             self.stats.generations += 1
-            slot = _Slot(gen, deque(gen._prompt_chunks()))
-            if not gen.prompt_ids:
-                self._end(slot, ERROR, "ValueError: the prompt has no tokens")
-            else:
-                self._reading.append(slot)
+            slot = _Slot(gen)
+            try:
+                slot.chunks.extend(gen.prompt_chunks())
+            except Exception as exc:  # noqa: BLE001 - an empty prompt: an error, not a hang
+                self._end(slot, ERROR, f"{type(exc).__name__}: {exc}")
+                continue
+            self._reading.append(slot)
         return True
 
     def _end(self, slot: _Slot, reason: str, error: str | None = None) -> None:
@@ -215,14 +222,14 @@ class BatchedEngine:
         if slot in self._outside:
             self._outside.remove(slot)
         try:
-            slot.gen._end(reason, error)
+            slot.gen.end(reason, error)
         except Exception:  # noqa: BLE001 - one generation's failure must not stop the others
             pass
 
     def _check(self, slot: _Slot) -> bool:
         """Ask the generation whether to go on (stop flag, max_tokens, fault); end it if not."""
         try:
-            reason = slot.gen._before_step()
+            reason = slot.gen.check()
         except Exception as exc:  # noqa: BLE001 - the injected fault, or any other
             self._end(slot, ERROR, f"{type(exc).__name__}: {exc}")
             return False
@@ -289,12 +296,15 @@ class BatchedEngine:
         stats.chunks += 1
         stats.chunk_seconds += took
         stats.longest_chunk = max(stats.longest_chunk, took)
-        gen.prompt_tokens_read += len(chunk)
+        try:
+            gen.chunk_read(len(chunk))
+        except Exception as exc:  # noqa: BLE001
+            self._end(slot, ERROR, f"{type(exc).__name__}: {exc}")
+            return
         if slot.chunks:
             return
         self._reading.remove(slot)
-        if gen.stopping:  # just after the prompt: no token for a departed reader (as the thread does)
-            self._check(slot)
+        if not self._check(slot):  # just after the prompt: no token for a departed reader (as the thread does)
             return
         slot.position = len(gen.prompt_ids)
         slot.kv = [(layer.keys[0], layer.values[0]) for layer in slot.cache.layers]
@@ -312,7 +322,7 @@ class BatchedEngine:
             gen = slot.gen
             try:
                 token = gen.sampler(row, gen.token_ids)
-                reason = gen._accept(token, delay=False)
+                reason = gen.accept(token)
             except Exception as exc:  # noqa: BLE001
                 self._end(slot, ERROR, f"{type(exc).__name__}: {exc}")
                 continue

@@ -15,6 +15,10 @@ noticed at the end. In chunks, the other streams' tokens slip in between (the
 lock is fair: see :class:`streamlab.model.loading.FairLock`) and the stop flag is
 checked before each chunk. The price is more work in all, about a quarter on a
 CPU at the default size: see :data:`PREFILL_CHUNK` and ``benchmarks/prefill.py``.
+
+The thread is one of two drivers (the other is the batched engine): what
+each token becomes, and why an answer ends, is :mod:`streamlab.model.lifecycle`'s,
+so that both give a reader the same answer.
 """
 
 from __future__ import annotations
@@ -24,16 +28,13 @@ import inspect
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from streamlab.net.aio import run_sync
 from streamlab.model.backlog import Backlog
-from streamlab.model.detokenizer import Detokenizer, NaiveDetokenizer
+from streamlab.model.lifecycle import GenerationResult, Lifecycle, Piece  # callers import Piece and the result from here too
 from streamlab.model.sampling import Sampler
-
-from streamlab.model.stop_sequences import StopSequences
-from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP_SEQUENCE, STOPPED  # why a generation ended
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP_SEQUENCE, STOPPED  # noqa: F401 - callers import these from here too
 
 # Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
 # Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with
@@ -47,32 +48,6 @@ from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP
 # figure shrinks a hundredfold and any of these sizes is cheap.
 PREFILL_CHUNK = 256
 ROOM_POLL = 0.02  # seconds between looks for room, for a source on the event loop held back by its reader
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Text safe to send, with the clock time it was made and the token count so far."""
-
-    text: str
-    time: float
-    tokens: int
-
-
-@dataclass
-class GenerationResult:
-    tokens: int
-    stop_reason: str
-    text: str
-    error: str | None = None
-    prompt_tokens: int = 0
-    token_times: list[float] = field(default_factory=list)
-    started: float = 0.0
-    ended: float = 0.0
-    stop_sequence: str | None = None  # the one that ended it, when stop_reason is "stop_sequence"
-
-
-class InjectedFault(RuntimeError):
-    """Raised on purpose by ``fail_after`` so tests can watch a stream fail mid-way."""
 
 
 def chat_template_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -309,7 +284,7 @@ class Generation(PieceSource):
     ``pauses`` maps a token count to seconds of silence after that token (for
     the keep-alive experiments); ``fail_after`` raises an error after that many
     tokens (for the errors-after-success experiments); ``token_delay`` adds a
-    fixed delay per token, standing in for a slower model.
+    fixed delay per forward pass, standing in for a slower model.
 
     ``stop_sequences`` end the answer where one of them appears in the text,
     which is cut just before it (``stop_reason`` ``stop_sequence``, and
@@ -318,8 +293,16 @@ class Generation(PieceSource):
     ``scheduler``: something with ``submit(generation)`` that runs the model
     for it instead of a thread of its own (a
     :class:`streamlab.model.batching.BatchedEngine`, which steps every generation it
-    holds in one batch). Both ways share what happens to each token:
-    ``_before_step``, ``_accept`` and ``_end`` below.
+    holds in one batch). Either driver moves the generation through the same
+    public moves (``begin``, ``prompt_chunks``, ``chunk_read``, ``check``,
+    ``accept``, ``end``): they are :class:`~streamlab.model.lifecycle.Lifecycle`'s,
+    plus the hand-over of what they release, so the two cannot differ in what
+    a reader gets. ``phase`` says where it stands.
+
+    ``observers``: callables given each :class:`Piece` as it is handed over,
+    on the driver's thread, before any wait for the reader (to time pieces
+    from the inside, as ``streamlab.lab.overhead`` does). They must be quick:
+    the model waits for them.
     """
 
     def __init__(
@@ -344,52 +327,54 @@ class Generation(PieceSource):
         stop_sequences: Sequence[str] = (),
         scheduler: Any = None,
     ) -> None:
-        if prefill_chunk is not None and int(prefill_chunk) < 0:
-            raise ValueError("prefill_chunk must be a positive number of tokens, or 0/None for one pass")
         if prompt_ids is None:
             if prompt is None:
                 raise ValueError("give a prompt or prompt_ids")
             prompt_ids = encode_prompt(lm.tokenizer, prompt, chat=chat)
         self.lm = lm
-        self.prompt_ids = list(prompt_ids)
-        self.max_tokens = int(max_tokens)
+        self.lifecycle = Lifecycle(
+            lm.tokenizer,
+            prompt_ids,
+            max_tokens=max_tokens,
+            eos_ids=() if ignore_eos else lm.eos_token_ids,
+            fail_after=fail_after,
+            prefill_chunk=prefill_chunk,
+            stop_sequences=stop_sequences,
+            naive_detokenizer=naive_detokenizer,
+        )
         self.sampler = Sampler(seed=seed, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty)
-        self.ignore_eos = ignore_eos
-        detok_cls = NaiveDetokenizer if naive_detokenizer else Detokenizer
-        self.detokenizer = detok_cls(lm.tokenizer, self.prompt_ids)
         self.pauses = dict(pauses or {})
-        self.fail_after = fail_after
         self.token_delay = token_delay
         self.on_token = on_token
-        self.prefill_chunk = int(prefill_chunk or 0)
-        self.stops = StopSequences(stop_sequences)
-        self.prompt_tokens_read = 0
-        self._stop = threading.Event()
+        self.observers: list[Callable[[Piece], None]] = []
         self.stop_source: str | None = None
         self.result: GenerationResult | None = None
-        self.tokens = 0
-        self.token_ids: list[int] = []
         self._queue: PieceQueue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.done: asyncio.Event | None = None
         self.scheduler = scheduler
-        self._eos: set[int] = set()
-        self._texts: list[str] = []
-        self._times: list[float] = []
-        self._started = 0.0
+
+    # What the lifecycle counts, read by the server, the drivers and the tests.
+    phase = property(lambda self: self.lifecycle.phase)
+    prompt_ids = property(lambda self: self.lifecycle.prompt_ids)
+    prefill_chunk = property(lambda self: self.lifecycle.prefill_chunk)
+    max_tokens = property(lambda self: self.lifecycle.max_tokens)
+    prompt_tokens_read = property(lambda self: self.lifecycle.prompt_tokens_read)
+    tokens = property(lambda self: self.lifecycle.tokens)
+    token_ids = property(lambda self: self.lifecycle.token_ids)
 
     # -- control -------------------------------------------------------------
-    def stop(self, source: str = "stopped") -> None:
-        """Ask the thread to stop before its next token or prompt chunk (safe from any thread)."""
+    def stop(self, source: str = STOPPED) -> None:
+        """Ask the driver to stop before its next token or prompt chunk (safe from any thread)."""
         if self.stop_source is None:
             self.stop_source = source
-        self._stop.set()
+        self.lifecycle.stop()
         self.backlog.wake()  # a hand-over waiting for room sees the flag now
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self.lifecycle.stop_requested
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
         if self.done is not None:
@@ -398,7 +383,7 @@ class Generation(PieceSource):
         self._queue = PieceQueue()
         self.done = asyncio.Event()
         if self.scheduler is not None:
-            self.scheduler.submit(self)  # its loop calls _begin, _before_step, _accept and _end
+            self.scheduler.submit(self)  # its loop makes the moves below
             return self
         self._thread = threading.Thread(target=self._run, name="streamlab-generation", daemon=True)
         self._thread.start()
@@ -408,10 +393,49 @@ class Generation(PieceSource):
         if self._thread is not None:
             self._thread.join()  # it has handed everything over and is returning
 
-    # -- the thread ----------------------------------------------------------
+    # -- the drivers' moves: this thread's loop below, and streamlab.model.batching ------
+    def begin(self) -> None:
+        """Start the clock (``result.started``), before the driver's first forward pass."""
+        self.lifecycle.begin()
+
+    def prompt_chunks(self) -> list[list[int]]:
+        """The prompt still to read, a list of ids per forward pass (ValueError for an empty prompt)."""
+        return self.lifecycle.prompt_chunks()
+
+    def chunk_read(self, tokens: int) -> None:
+        """Count a prompt chunk read, once its forward pass is done."""
+        self.lifecycle.chunk_read(tokens)
+
+    def check(self) -> str | None:
+        """Before each forward pass: why to end now (max_tokens, stopped), or None; raises the injected fault."""
+        return self.lifecycle.check()
+
+    def accept(self, token: int) -> str | None:
+        """One sampled token, its text handed over if any is released: why the answer ends here, or None."""
+        accepted = self.lifecycle.accept(token)
+        if accepted.ending == EOS:
+            return EOS
+        if self.on_token is not None:
+            self.on_token(self.lifecycle.tokens)
+        if accepted.piece is not None:
+            self._hand_over(accepted.piece)
+        return accepted.ending
+
+    def end(self, reason: str, error: str | None = None) -> GenerationResult:
+        """The last text, the result, the end of the pieces, ``done``: once, whichever driver ran the model."""
+        tail, self.result = self.lifecycle.end(reason, error)
+        if tail is not None:
+            self._hand_over(tail)
+        self._hand_over(None)
+        self._finish()
+        return self.result
+
+    # -- to the event loop ---------------------------------------------------
     def _hand_over(self, item: Piece | None) -> None:
         assert self._loop is not None and self._queue is not None
         if item is not None:
+            for observer in self.observers:
+                observer(item)
             if threading.current_thread() is self._thread:
                 # Backpressure: the model's own thread waits (after the forward pass, not holding
                 # lm.lock) while the reader is max_queued pieces behind. An engine stepping many
@@ -430,82 +454,12 @@ class Generation(PieceSource):
         except RuntimeError:
             pass
 
-    def _prompt_chunks(self) -> list[list[int]]:
-        ids, size = self.prompt_ids, self.prefill_chunk or len(self.prompt_ids)
-        return [ids[i : i + size] for i in range(0, len(ids), size)]
-
-    # -- what happens to each token: the thread below and streamlab.model.batching share it --
-    def _begin(self) -> None:
-        """The clock starts (``result.started``); called once, before the first forward pass."""
-        self._started = time.perf_counter()
-        self._eos = set() if self.ignore_eos else set(self.lm.eos_token_ids)
-
-    def _before_step(self) -> str | None:
-        """Before each forward pass: why to end now (max_tokens, stopped), or None to go on.
-
-        Raises :class:`InjectedFault` once ``fail_after`` tokens are out.
-        """
-        if self.tokens >= self.max_tokens:
-            return MAX_TOKENS
-        if self._stop.is_set():
-            return STOPPED
-        if self.fail_after is not None and self.tokens >= self.fail_after:
-            raise InjectedFault(f"injected fault after {self.tokens} tokens")
-        return None
-
-    def _accept(self, token: int, *, delay: bool = True) -> str | None:
-        """One sampled token: count it, hand its text over; why the answer ends here, or None.
-
-        ``delay=False``: the caller has slept ``token_delay`` already (a batch
-        sleeps once per step, not once per row).
-        """
-        if token in self._eos:
-            return EOS
-        self.tokens += 1
-        self.token_ids.append(token)
-        if delay and self.token_delay:
-            time.sleep(self.token_delay)
-        now = time.perf_counter()
-        self._times.append(now)
-        if self.on_token is not None:
-            self.on_token(self.tokens)
-        text = self.stops.feed(self.detokenizer.push(token))
-        if text:
-            self._texts.append(text)
-            self._hand_over(Piece(text, now, self.tokens))
-        if self.stops.matched is not None:
-            return STOP_SEQUENCE
-        return None
-
-    def _end(self, reason: str, error: str | None = None) -> None:
-        """The last text, the result, the end of the pieces, ``done``: once, whoever ran the model."""
-        tail = self.stops.feed(self.detokenizer.flush())
-        if self.stops.matched is not None and reason in (EOS, MAX_TOKENS):
-            reason = STOP_SEQUENCE  # the last characters completed a stop sequence
-        tail += self.stops.flush()
-        if tail:
-            self._texts.append(tail)
-            self._hand_over(Piece(tail, time.perf_counter(), self.tokens))
-        self.result = GenerationResult(
-            tokens=self.tokens,
-            stop_reason=reason,
-            text="".join(self._texts),
-            error=error,
-            prompt_tokens=len(self.prompt_ids),
-            token_times=self._times,
-            started=self._started,
-            ended=time.perf_counter(),
-            stop_sequence=self.stops.matched,
-        )
-        self._hand_over(None)
-        self._finish()
-
+    # -- the thread ----------------------------------------------------------
     def _run(self) -> None:
         import torch
 
         lm = self.lm
-        self._begin()
-        reason, error = MAX_TOKENS, None
+        self.begin()
         # transformers 5 renamed the KV cache argument from past_key_values to cache.
         params = inspect.signature(lm.model.forward).parameters
         cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -522,33 +476,33 @@ class Generation(PieceSource):
             past = out[cache_arg] if cache_arg in out else out.past_key_values
             return out.logits[0, -1]
 
+        error = None
+        token: int | None = None  # the last token made, fed back in; None until the prompt is read
         try:
-            token: int | None = None  # the last token made, fed back in; None until the prompt is read
-            while (reason := self._before_step()) is None:
+            while (reason := self.check()) is None:
                 if token is None:
-                    if not self.prompt_ids:
-                        raise ValueError("the prompt has no tokens")
-                    for chunk in self._prompt_chunks():
-                        if self._stop.is_set():
-                            break
+                    for chunk in self.prompt_chunks():
                         logits = forward(chunk)
-                        self.prompt_tokens_read += len(chunk)
-                    if self._stop.is_set():  # during the prompt, or just after: no token for a departed reader
-                        reason = STOPPED
+                        self.chunk_read(len(chunk))
+                        if (reason := self.check()) is not None:  # before the next chunk, and before the first token
+                            break
+                    if reason is not None:  # stopped during the prompt, or just after: no token for a departed reader
                         break
                 else:
                     logits = forward([token])
+                if self.token_delay:
+                    time.sleep(self.token_delay)  # a slower model: once per pass, as the batched engine sleeps
                 token = self.sampler(logits, self.token_ids)
-                reason = self._accept(token)
+                reason = self.accept(token)
                 if reason is not None:
                     break
                 pause = self.pauses.get(self.tokens)
                 if pause:
-                    self._stop.wait(pause)
+                    self.lifecycle.wait_for_stop(pause)
         except Exception as exc:  # noqa: BLE001 - any failure ends the stream with a reason
             reason, error = ERROR, f"{type(exc).__name__}: {exc}"
         past = None  # the KV cache can be large: let it go before the result is read
-        self._end(reason, error)
+        self.end(reason, error)
 
 
 def generate_text(lm: Any, prompt: str | None = None, **kwargs: Any) -> GenerationResult:

@@ -95,12 +95,16 @@ class Server:
         self.guards = Guards(self.config.port, self.config.allowed_hosts, self.config.allowed_origins)
         self._connections: dict[asyncio.Task, ClientConnection] = {}
         self._listener: asyncio.AbstractServer | None = None
-        self.port = 0
+        self.port = 0  # the bound port once started (the kernel's pick for port 0)
+        # The event loop start() ran on, once started: a caller in another thread (a test, a
+        # notebook serving in process) runs coroutines there with run_coroutine_threadsafe.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> int:
         """Open the store, close what a crash left open, bind and listen; return the port."""
+        self.loop = asyncio.get_running_loop()
         self._store = Store(self.config.db_path, flush_interval=self.config.flush_interval)
         recovered = self._store.recover_interrupted()
         print(
@@ -120,6 +124,11 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def listening(self) -> bool:
+        """Whether connections are accepted now: after start() has bound the port, until shutdown()."""
+        return self._listener is not None and self._listener.is_serving()
 
     @property
     def store(self) -> Store:
