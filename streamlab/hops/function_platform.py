@@ -19,6 +19,10 @@ these options, passing every byte on at once otherwise (``--block 1``):
 one forwarding loop serves both. Each exchange's bill is in ``GET
 /_proxy/log`` (``bill``) and on stderr: it cannot be a response header,
 which left long before the function ended.
+
+Its settings are declared with the proxy's, in ``settings.py``: the
+platform takes every flag of the proxy (``--block`` defaulting to 1 byte)
+and adds its own, and ``Billing``'s defaults are the declared ones.
 """
 
 from __future__ import annotations
@@ -30,15 +34,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlab.hops import proxy
+from streamlab.hops.settings import BILLING, PLATFORM_FLAGS, PLATFORM_SETTINGS
 
-__all__ = ["DEFAULT_MEMORY_MB", "DEFAULT_PRICE_PER_GB_S", "Billing", "busy_time", "main", "parse_args", "platform_command"]
+__all__ = [
+    "DEFAULT_MEMORY_MB", "DEFAULT_PRICE_PER_GB_S", "SETTINGS", "Billing", "build_parser", "busy_time", "config_from_args",
+    "main", "parse_args", "platform_command",
+]
 
-# A list price of the kind the large platforms publish for x86 functions
-# (USD per GB-second; AWS Lambda's first tier was 0.0000166667 in 2024),
-# and the memory a small web handler is commonly given. Flags change both.
-DEFAULT_PRICE_PER_GB_S = 0.0000166667
-DEFAULT_MEMORY_MB = 1024
-GRANULARITY_MS = 1  # billed in whole milliseconds, rounded up
+SETTINGS = PLATFORM_SETTINGS  # what docs/limits.md renders for python -m streamlab platform
+# The bill's defaults, read back from their declarations (settings.BILLING, where the price's source is).
+DEFAULT_PRICE_PER_GB_S = BILLING.default("price_per_gb_s")
+DEFAULT_MEMORY_MB = BILLING.default("memory_mb")
+GRANULARITY_MS = BILLING.default("granularity_ms")
 
 
 @dataclass(frozen=True)
@@ -76,22 +83,18 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = proxy.build_parser(
+def build_parser() -> argparse.ArgumentParser:
+    """The proxy's flags and the platform's, every default shown with its unit."""
+    return proxy.build_parser(
         prog="python -m streamlab platform",
         description="A function platform in front of the server (on 127.0.0.1): an execution limit, "
         "a runtime that may buffer the whole response, a bill per request.",
-        block=1,
+        groups=PLATFORM_FLAGS,
     )
-    p.add_argument("--max-duration", type=float, required=True, metavar="S",
-                   help="the execution limit: cut any request still running after S seconds")
-    p.add_argument("--error-event", action="store_true",
-                   help="at the limit, write an SSE 'error' event naming execution_limit before closing")
-    p.add_argument("--buffer-response", action="store_true",
-                   help="a buffering runtime: hold the whole response, head included, until the handler ends")
-    p.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB, help="the function's memory, for the bill")
-    p.add_argument("--price-per-gb-s", type=float, default=DEFAULT_PRICE_PER_GB_S, metavar="X",
-                   help="the price of one GB-second")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = proxy.parse_args(argv, p)
     if args.max_duration <= 0 or args.memory_mb < 1 or args.price_per_gb_s < 0:
         p.error("--max-duration and --memory-mb must be positive, --price-per-gb-s not negative")
@@ -103,14 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """``python -m streamlab platform --upstream PORT --max-duration S``: run until SIGINT or SIGTERM."""
     args = parse_args(argv)
-    return proxy.run(
-        args,
-        "platform",
-        max_duration=args.max_duration,
-        error_event=args.error_event,
-        buffer_response=args.buffer_response,
-        billing=Billing(args.memory_mb, args.price_per_gb_s),
-    )
+    return proxy.run(config_from_args(args), "platform", exit_on_stdin_eof=args.exit_on_stdin_eof)
+
+
+def config_from_args(args: argparse.Namespace) -> proxy.ProxyConfig:
+    """The proxy's config the platform's flags describe, with the bill ``--memory-mb`` and ``--price-per-gb-s`` make."""
+    return proxy.config_from_args(args, PLATFORM_FLAGS, billing=Billing(args.memory_mb, args.price_per_gb_s))
 
 
 def platform_command(*args: str) -> list[str]:

@@ -31,8 +31,9 @@ response, a bill per request.
 
 The decisions are pure and live elsewhere: which headers pass in
 ``heads.py``, what a body becomes on the way in ``forwarders.py``, how an
-exchange ended in ``exchange.py``. This module only moves bytes between
-the sockets and them. One request per connection: both sides get
+exchange ended in ``exchange.py``; every setting, its default and its
+unit in ``settings.py``. This module only moves bytes between the sockets
+and them. One request per connection: both sides get
 ``Connection: close``, which keeps the bookkeeping obvious and makes a
 closed connection mean one thing.
 """
@@ -43,12 +44,11 @@ import argparse
 import asyncio
 import logging
 import sys
-import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from dataclasses import asdict
+from typing import Any
 
 from streamlab.hops.compress import GZIP_MODES
 from streamlab.hops.exchange import CLIENT_LEFT, COMPLETE, CUT_AFTER, IDLE_TIMEOUT, UPSTREAM_CUT, UPSTREAM_ERROR, Exchange
@@ -56,8 +56,9 @@ from streamlab.hops.forwarders import (
     DEFAULT_BLOCK, EXECUTION_LIMIT, BlockBuffer, CuttingForwarder, choose_forwarder, cut_event, forwarder_for,
 )
 from streamlab.hops.heads import client_response_head, is_upgrade, upstream_request_head
+from streamlab.hops.settings import CONFIG, FIXED, PROXY_FLAGS, PROXY_SETTINGS, add_flags, make_proxy_config
 from streamlab.net.serving import ClientGone, serve_until_signalled
-from streamlab.protocol import sse
+from streamlab.net.settings import Settings, config_values
 from streamlab.protocol.endings import WRITE_FAILED
 from streamlab.protocol.http_head import (
     BodyReader,
@@ -73,17 +74,20 @@ from streamlab.protocol.http_head import (
 
 # choose_forwarder and forwarder_for are re-exported: chapters 6 and 12 show them as the proxy's.
 __all__ = [
-    "DEFAULT_BLOCK", "LOG_PATH", "Exchange", "Proxy", "ProxyConfig", "choose_forwarder", "forwarder_for", "main",
-    "serve_proxy",
+    "DEFAULT_BLOCK", "LOG_PATH", "SETTINGS", "Exchange", "Proxy", "ProxyConfig", "build_parser",
+    "choose_forwarder", "config_from_args", "forwarder_for", "main", "parse_args", "serve_proxy",
 ]
 
 log = logging.getLogger("streamlab.hops.proxy")
 
 LOG_PATH = "/_proxy/log"  # answered by the proxy itself, never forwarded
-MAX_BODY = 1 << 20  # the largest request body we forward
-HEAD_TIMEOUT = 30.0  # seconds a client may take to send its request
-CONNECT_TIMEOUT = 10.0
-READ_SIZE = 65536
+READ_SIZE = 65536  # bytes asked of a socket per read: a buffer size, not a limit
+SETTINGS = PROXY_SETTINGS  # what docs/limits.md renders for python -m streamlab proxy
+# The bounds fixed in the code, read back from their declarations (settings.FIXED).
+MAX_BODY = FIXED.default("max_body")
+HEAD_TIMEOUT = FIXED.default("head_timeout")
+CONNECT_TIMEOUT = FIXED.default("connect_timeout")
+MAX_LOG_RECORDS = FIXED.default("max_log_records")
 
 
 class _IdleTimeout(Exception):
@@ -95,29 +99,11 @@ class _IdleTimeout(Exception):
 # --------------------------------------------------------------------------
 
 
-@dataclass
-class ProxyConfig:
-    """Where to forward, and how badly to buffer (the command-line flags)."""
-
-    upstream_port: int
-    upstream_host: str = "127.0.0.1"
-    port: int = 0  # 0 picks a free port
-    block: int = DEFAULT_BLOCK
-    honor: bool = False
-    idle_timeout: float | None = None
-    gzip: str = "off"  # "buffered" or "flush": compress for readers that accept gzip (compress.py)
-    max_duration: float | None = None  # the platform's execution limit on a whole exchange
-    error_event: bool = False  # at the limit, write an SSE error event naming it before closing
-    buffer_response: bool = False  # hold the whole response, head included, until it ends
-    billing: Billing | None = None  # the platform's price list (platform.py)
-    cut_after: int | None = None  # end event streams cleanly after this many events (forwarders.CuttingForwarder)
-    counts: Callable[[sse.Event], bool] | None = None  # which events count towards cut_after (all, by default)
-
-
-class Billing(Protocol):
-    """A platform's price list: what one exchange of ``seconds`` costs (``platform.Billing``)."""
-
-    def charge(self, seconds: float) -> dict[str, Any]: ...
+ProxyConfig = make_proxy_config(
+    "ProxyConfig", CONFIG, module=__name__,
+    doc="Where to forward, and how badly to buffer: ``ProxyConfig(8000, block=1)``; every field a declaration"
+    " in settings.py (the flags of both programs set them).",
+)
 
 
 class Proxy:
@@ -125,7 +111,7 @@ class Proxy:
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.log: deque[Exchange] = deque(maxlen=1000)  # bounded: a long class must not grow it forever
+        self.log: deque[Exchange] = deque(maxlen=MAX_LOG_RECORDS)  # bounded: a long class must not grow it forever
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -451,24 +437,22 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 @asynccontextmanager
-async def serve_proxy(
-    upstream_port: int,
-    *,
-    upstream_host: str = "127.0.0.1",
-    port: int = 0,
-    block: int = DEFAULT_BLOCK,
-    honor: bool = False,
-    idle_timeout: float | None = None,
-    **options: Any,
-) -> AsyncIterator[Proxy]:
-    """Run a proxy in this event loop: ``async with serve_proxy(8000) as proxy: ... proxy.url``.
+async def serve_proxy(upstream_port: int, **options: Any) -> AsyncIterator[Proxy]:
+    """Run a proxy in this event loop: ``async with serve_proxy(8000, block=1) as proxy: ... proxy.url``.
 
-    ``options`` are the rest of ``ProxyConfig`` (``gzip``, ``max_duration``...).
+    ``options`` are the rest of ``ProxyConfig`` (``upstream_host``, ``honor``,
+    ``gzip``, ``max_duration``...), by name, their defaults its own.
     """
-    config = ProxyConfig(upstream_port, upstream_host, port, block, honor, idle_timeout, **options)
-    BlockBuffer(block)  # refuse a bad block size before listening
+    async with serving(ProxyConfig(upstream_port, **options)) as proxy:
+        yield proxy
+
+
+@asynccontextmanager
+async def serving(config: ProxyConfig) -> AsyncIterator[Proxy]:
+    """Run a proxy with ``config``, refusing a bad one before it listens."""
+    BlockBuffer(config.block)  # a bad block size
     if config.cut_after is not None:
-        CuttingForwarder(config.cut_after)  # and a bad cut
+        CuttingForwarder(config.cut_after)  # a bad cut
     if config.gzip not in GZIP_MODES:
         raise ValueError(f"gzip must be one of {GZIP_MODES}")
     proxy = Proxy(config)
@@ -487,77 +471,52 @@ async def serve_proxy(
 def build_parser(
     prog: str = "python -m streamlab proxy",
     description: str = "A reverse proxy that forwards response bodies in blocks (on 127.0.0.1).",
-    block: int = DEFAULT_BLOCK,
+    groups: Sequence[Settings] = PROXY_FLAGS,
 ) -> argparse.ArgumentParser:
-    """The proxy's flags; ``platform.py`` adds its own to the same parser."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--upstream", type=_upstream, required=True, metavar="PORT",
-                   help="the server: PORT, HOST:PORT or http://HOST:PORT")
-    p.add_argument("--upstream-host", default=None, help="default 127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    p.add_argument("--block", type=int, default=block, help="forward bodies in blocks of this many bytes")
-    p.add_argument("--honor", action="store_true",
-                   help="pass through responses with 'X-Accel-Buffering: no'; never compress 'no-transform' ones")
-    p.add_argument("--idle-timeout", type=float, default=None, metavar="S", help="cut streams silent for S seconds")
-    p.add_argument("--gzip", choices=GZIP_MODES, default="off",
-                   help="compress for readers that accept gzip: buffered (as middlewares do) or with a sync flush per write")
-    p.add_argument("--cut-after", type=int, default=None, metavar="N",
-                   help="end each event stream cleanly (the zero-length chunk) after N whole events, close the upstream")
-    p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    """A command line of ``groups`` (the proxy's; the platform's are the proxy's and its own), a section each."""
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog="Every setting as a table: docs/limits.md.")
+    add_flags(p, groups)
     return p
 
 
 def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The flags, checked; ``--upstream`` becomes the port, its host (if it names one) ``--upstream-host``'s default."""
     p = parser or build_parser()
-    args = p.parse_args(argv)
+    # A namespace that already holds upstream_host keeps argparse from writing the
+    # default there: still None afterwards, the flag was not given.
+    args = p.parse_args(argv, namespace=argparse.Namespace(upstream_host=None))
     if args.block < 1:
         p.error("--block must be at least 1")
     if args.cut_after is not None and args.cut_after < 1:
         p.error("--cut-after must be at least 1")
     url_host, args.upstream = args.upstream
-    args.upstream_host = args.upstream_host or url_host or "127.0.0.1"
+    args.upstream_host = args.upstream_host or url_host or p.get_default("upstream_host")
     return args
 
 
-def _upstream(text: str) -> tuple[str | None, int]:
-    """``8000``, ``127.0.0.1:8000`` or ``http://127.0.0.1:8000``: whatever a reader is likely to paste."""
-    if text.isdigit():
-        return None, int(text)
-    try:
-        parts = urllib.parse.urlsplit(text if "//" in text else "//" + text)
-        if parts.port is None:
-            raise ValueError
-        return parts.hostname, parts.port
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port or http://host:port: {text!r}") from None
-
-
-async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    async with serve_proxy(
-        args.upstream,
-        upstream_host=args.upstream_host,
-        port=args.port,
-        block=args.block,
-        honor=args.honor,
-        idle_timeout=args.idle_timeout,
-        gzip=args.gzip,
-        cut_after=args.cut_after,
-        **options,
-    ) as proxy:
-        await serve_until_signalled(proxy.url, exit_on_stdin_eof=args.exit_on_stdin_eof)
-    return 0
+def config_from_args(
+    args: argparse.Namespace, groups: Sequence[Settings] = PROXY_FLAGS, **overrides: Any
+) -> ProxyConfig:
+    """The config the flags of ``groups`` parsed to (``parse_args``'s), with ``overrides`` a program adds."""
+    return ProxyConfig(args.upstream, **{**config_values(args, *groups), **overrides})
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m streamlab proxy --upstream PORT``: run until SIGINT or SIGTERM, then exit 0."""
     args = parse_args(argv)
-    return run(args, "proxy")
+    return run(config_from_args(args), "proxy", exit_on_stdin_eof=args.exit_on_stdin_eof)
 
 
-def run(args: argparse.Namespace, name: str, **options: Any) -> int:
-    """Serve with parsed ``args`` (and ``ProxyConfig`` ``options`` a variant adds) until signalled."""
+def run(config: ProxyConfig, name: str, *, exit_on_stdin_eof: bool = False) -> int:
+    """Serve ``config`` until signalled, logging as ``name`` (the proxy, or the platform)."""
     logging.basicConfig(level=logging.INFO, format=f"streamlab {name}: %(message)s", stream=sys.stderr)
-    return asyncio.run(_run(args, options))
+    return asyncio.run(_run(config, exit_on_stdin_eof))
+
+
+async def _run(config: ProxyConfig, exit_on_stdin_eof: bool) -> int:
+    async with serving(config) as proxy:
+        await serve_until_signalled(proxy.url, exit_on_stdin_eof=exit_on_stdin_eof)
+    return 0
 
 
 if __name__ == "__main__":
