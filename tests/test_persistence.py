@@ -50,8 +50,9 @@ def assert_stored(port: int, conversation_id: str, reason: str, text: str | None
 @model
 def test_completed_when_the_model_ends_by_itself(server):
     trace = client.post_sync(server.port, "/stream", SHORT_CHAT)
-    assert trace.complete and trace.stop_reason == "eos" and trace.tokens < 30
+    assert trace.complete and trace.stop_reason == "completed" and trace.tokens < 30  # the stored word, not "eos"
     end = next(e.data for e in trace.events if e.kind == "end")
+    assert "stored_reason" not in end  # one vocabulary: the end event says what the store says
     assert trace.headers["x-conversation-id"] == end["conversation_id"]
     answer = assert_stored(server.port, end["conversation_id"], "completed", trace.text)
     assert answer["id"] == end["message_id"] and answer["tokens"] == trace.tokens
@@ -121,7 +122,7 @@ def test_error_every_way(servers):
     created = client.create_generation_sync(failing.port, {"prompt": PROMPT, "max_tokens": 20, **EXACT})
     trace = client.events_sync(failing.port, created["events"])
     last = trace.events[-1]
-    assert last.kind == "error" and last.id and last.data["stored_reason"] == "error"
+    assert last.kind == "error" and last.id and last.data["stop_reason"] == "error"
     assert "injected fault" in last.data["error"]["message"]
     assert_stored(failing.port, created["conversation_id"], "error", trace.text)
     gone = client.events_sync(failing.port, created["events"], last_event_id=last.id)

@@ -29,6 +29,7 @@ from streamlab.server.store import (
     DONE,
     ERROR,
     INTERRUPTED,
+    LEASE_COLUMNS,
     MAX_TOKENS,
     SCHEMA_VERSION,
     STOP_REASONS,
@@ -36,6 +37,7 @@ from streamlab.server.store import (
     STREAMING,
     Conversation,
     Message,
+    Owner,
     Store,
     default_path,
     stop_reason_for,
@@ -103,13 +105,14 @@ def test_schema_columns_and_index(store: Store, db: Path):
     try:
         columns = lambda table: [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]  # noqa: E731
         assert columns("conversations") == ["id", "created", "title"]
-        assert columns("messages") == list(Message.__dataclass_fields__)
+        assert columns("messages") == [*Message.__dataclass_fields__, *LEASE_COLUMNS]
         assert columns("messages") == [
             "id", "conversation_id", "seq", "role", "content", "status", "stop_reason",
             "incomplete", "tokens", "created", "updated", "error",
+            "owner_host", "owner_pid", "owner_boot", "heartbeat", "stale_after",  # version 2: the lease
         ]
         indexes = [r[1] for r in conn.execute("PRAGMA index_list(messages)")]
-        assert "messages_by_conversation" in indexes
+        assert {"messages_by_conversation", "messages_streaming"} <= set(indexes)
         indexed = [r[2] for r in conn.execute("PRAGMA index_info(messages_by_conversation)")]
         assert indexed == ["conversation_id", "seq"]
     finally:
@@ -370,8 +373,16 @@ def test_close_finishes_open_answers_as_interrupted(db: Path):
 # --------------------------------------------------------------------------
 
 
+def dead_pid() -> int:
+    """The pid of a process of this machine that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def test_recover_interrupted_closes_only_streaming_answers(db: Path):
-    crashed = Store(db, flush_interval=0)  # never closed: stands for a dead server
+    # Never closed: stands for a server of this machine that died (a store of this process is alive).
+    crashed = Store(db, flush_interval=0, owner=Owner(Owner.this_process().host, dead_pid(), "crashed"))
     cid = crashed.new_conversation()
     crashed.add_user_message(cid, "q")
     done = crashed.begin_answer(cid)

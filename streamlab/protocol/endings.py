@@ -13,6 +13,12 @@ Three layers each know part of the story, and each has its own words:
 - the **store** keeps one word per answer, the stored *stop reason*, joining
   the two (see :func:`stop_reason_for`).
 
+A reader is told one of them only: the stored stop reason, as the
+``stop_reason`` of a stream's last event (``end``, ``error``, the WebSocket's
+``done``). It is the word the reader finds again on the answer when it reads
+the conversation back; two words side by side in one event would leave it to
+guess which to believe. The generation's word and the signal stay in ``/log``.
+
 Every name is defined here once; the modules import it.
 """
 

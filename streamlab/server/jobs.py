@@ -128,13 +128,16 @@ class Job:
         """The last event of every stream: ``end`` (how it ended, where it is stored) or ``error``.
 
         An error never looks like an ending: a client must not mistake a
-        failed answer for a complete one.
+        failed answer for a complete one. Its ``stop_reason`` is the stored
+        one (``completed``, ``max_tokens``, ``client_left``, ``stopped``,
+        ``error``, ``interrupted``, ``slow_reader``): one vocabulary, the word
+        the reader will find on this answer when it reads the conversation
+        back. The generation's own word (``eos``...) and the signal are in ``/log``.
         """
         result, record = self.generation.result, self.record
         assert result is not None
         ending = {
-            "stop_reason": result.stop_reason,
-            "stored_reason": record.stored_reason,
+            "stop_reason": record.stored_reason,
             "tokens": result.tokens,
             "incomplete": record.stored_reason in INCOMPLETE_REASONS,
             **self.ids(),

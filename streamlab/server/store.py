@@ -16,8 +16,11 @@ The rules this module follows, and why:
   (the client may be gone, or lying), and written to the database at most
   every ``flush_interval`` seconds: a crash loses at most that much text,
   without paying a commit per token.
-* A row still ``streaming`` when the server starts again was left by a crash:
-  ``recover_interrupted`` closes it with the stop reason ``interrupted``.
+* Servers may share one file: a ``streaming`` row may be another process's
+  live answer. Each answer records its owner and a heartbeat (every flush,
+  and a timer when nothing new came); ``recover_interrupted``, at start and
+  at most once per bound from our answers' timers, closes as ``interrupted``
+  only those whose owner is gone (``Lease.gone``).
 
 This module holds the ``Store`` (one connection to the file, every read and
 write) and the ``AnswerWriter`` (one answer, as it streams). What the file
@@ -35,6 +38,7 @@ though the last commits may be lost if the whole machine loses power.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import threading
 import time
@@ -60,17 +64,9 @@ from streamlab.protocol.endings import (
     stop_reason_for,
 )
 from streamlab.server.store_schema import (
-    _MESSAGE_COLUMNS,
-    CUT_OFF_MARKER,
-    CUT_OFF_WORDS,
-    DONE,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    STREAMING,
-    Conversation,
-    Message,
-    _message,
-    default_path,
+    _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
+    STALE_AFTER_MIN_S, STALE_FLUSHES, STREAMING, Conversation, Lease, Message, Owner, _lease, _message,
+    default_path, process_exists, stale_after,
 )
 
 __all__ = [
@@ -78,8 +74,8 @@ __all__ = [
     "CLIENT_LEFT", "COMPLETED", "ERROR", "INCOMPLETE_REASONS", "INTERRUPTED", "MAX_TOKENS", "SLOW_READER",
     "STOP_REASONS", "STOPPED", "stop_reason_for",
     # what the file holds, from streamlab.server.store_schema
-    "CUT_OFF_MARKER", "CUT_OFF_WORDS", "DONE", "MIGRATIONS", "SCHEMA_VERSION", "STREAMING", "Conversation",
-    "Message", "default_path",
+    "CUT_OFF_MARKER", "CUT_OFF_WORDS", "DONE", "LEASE_COLUMNS", "MIGRATIONS", "SCHEMA_VERSION",
+    "STALE_AFTER_MIN_S", "STALE_FLUSHES", "STREAMING", "Conversation", "Lease", "Message", "Owner", "default_path",
     # reading and writing it
     "BUSY_TIMEOUT_MS", "AnswerWriter", "Store",
 ]
@@ -103,6 +99,9 @@ class Store:
     transaction, so the lock is held for microseconds. Other processes open
     their own connections to the same file; WAL lets them read while we
     write, and ``busy_timeout`` makes writers queue instead of failing.
+
+    ``owner`` is the process this store writes for: this one, unless a test
+    makes two stores stand for two processes.
     """
 
     def __init__(
@@ -111,11 +110,15 @@ class Store:
         *,
         flush_interval: float = 1.0,
         clock: Callable[[], float] = time.time,
+        owner: Owner | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.flush_interval = float(flush_interval)
         self.clock = clock
+        self.owner = owner or Owner.this_process()
+        self.recovered = 0  # answers of gone owners this store has closed, at start and since
+        self._last_sweep = clock()
         self._lock = threading.Lock()
         self._writers: weakref.WeakSet[AnswerWriter] = weakref.WeakSet()
         # isolation_level=None: no hidden BEGIN; every transaction here is spelled out.
@@ -176,6 +179,14 @@ class Store:
             raise RuntimeError("the store is closed")
         return self._conn
 
+    @property
+    def stale_after(self) -> float:  # how long our answers may go without a heartbeat before they count as dead
+        return stale_after(self.flush_interval)
+
+    @property
+    def beat_every(self) -> float:  # how often an answer with nothing new to write still sends a heartbeat
+        return self.stale_after / STALE_FLUSHES
+
     def settings(self) -> dict[str, object]:
         """The pragmas that matter, as the file and this connection report them."""
         conn = self._db()
@@ -196,8 +207,8 @@ class Store:
             )
         return conversation_id
 
-    def _insert_message(self, conversation_id: str, role: str, content: str, status: str) -> Message:
-        """Insert a message at the end of its conversation and commit it.
+    def _insert_message(self, conversation_id: str, role: str, content: str, status: str, owned: bool) -> Message:
+        """Insert a message at the end of its conversation and commit it (``owned``: with our lease).
 
         The next ``seq`` is read and written in one transaction that holds
         the write lock throughout: that is what keeps two writers (threads
@@ -205,6 +216,8 @@ class Store:
         """
         message_id = uuid.uuid4().hex
         now = self.clock()
+        me = self.owner
+        lease = (me.host, me.pid, me.boot, now, self.stale_after) if owned else (None,) * 5
         with self._transaction() as conn:
             if conn.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
                 raise KeyError(f"no conversation {conversation_id!r}")
@@ -213,9 +226,9 @@ class Store:
                 (conversation_id,),
             ).fetchone()
             conn.execute(
-                "INSERT INTO messages (id, conversation_id, seq, role, content, status,"
-                " incomplete, tokens, created, updated) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
-                (message_id, conversation_id, seq, role, content, status, now, now),
+                "INSERT INTO messages (id, conversation_id, seq, role, content, status, incomplete, tokens,"
+                f" created, updated, {', '.join(LEASE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?, ?, ?, ?, ?, ?)",
+                (message_id, conversation_id, seq, role, content, status, now, now, *lease),
             )
         return Message(message_id, conversation_id, seq, role, content, status, None, False, 0, now, now, None)
 
@@ -225,7 +238,7 @@ class Store:
         When this returns, the message is on disk for every other connection:
         whatever happens to the answer, the question is not lost.
         """
-        return self._insert_message(conversation_id, "user", text, DONE)
+        return self._insert_message(conversation_id, "user", text, DONE, False)
 
     # ---- the assistant's turn ----------------------------------------------
 
@@ -233,9 +246,11 @@ class Store:
         """Create the answer's row now (``streaming``, empty) and return its writer.
 
         The row exists from the first moment, so a crash before the first
-        flush still leaves a trace that recovery can close as ``interrupted``.
+        flush still leaves a trace that recovery can close as ``interrupted``;
+        it carries our lease from that moment too, so that no other process
+        takes it for a crash's.
         """
-        message = self._insert_message(conversation_id, "assistant", "", STREAMING)
+        message = self._insert_message(conversation_id, "assistant", "", STREAMING, True)
         writer = AnswerWriter(self, message)
         self._writers.add(writer)
         return writer
@@ -243,9 +258,19 @@ class Store:
     def _write_progress(self, message_id: str, content: str, tokens: int) -> None:
         conn = self._db()
         with self._lock:
+            now = self.clock()
             conn.execute(
-                "UPDATE messages SET content = ?, tokens = ?, updated = ? WHERE id = ?",
-                (content, tokens, self.clock(), message_id),
+                "UPDATE messages SET content = ?, tokens = ?, updated = ?, heartbeat = ?, stale_after = ?"
+                " WHERE id = ?", (content, tokens, now, now, self.stale_after, message_id),
+            )
+
+    def _write_heartbeat(self, message_id: str) -> None:
+        """Nothing new to write, but the writer is alive: say so (``updated`` stays the text's time)."""
+        conn = self._db()
+        with self._lock:
+            conn.execute(
+                "UPDATE messages SET heartbeat = ?, stale_after = ? WHERE id = ?",
+                (self.clock(), self.stale_after, message_id),
             )
 
     def _write_final(
@@ -261,20 +286,30 @@ class Store:
             )
 
     def recover_interrupted(self) -> int:
-        """Close every answer a crash left ``streaming``; return how many.
+        """Close, as ``interrupted``, every ``streaming`` answer whose owner is gone; return how many.
 
-        Call it at server start, before serving. Such a row keeps whatever
-        text its last flush wrote. It assumes that no other live process is
-        writing answers to the same file: their rows would look the same.
+        Call it at server start, before serving; it is safe at any time, from any
+        process, since ``Lease.gone`` spares live answers. Such a row keeps the
+        text its last flush wrote. Leases are read and rows closed in one
+        transaction: no owner's heartbeat can land between the two.
         """
-        conn = self._db()
-        with self._lock:
-            cursor = conn.execute(
+        now = self.clock()
+        exists = functools.cache(process_exists)  # one look at each process, however many answers it holds
+        with self._transaction() as conn:
+            leases = [_lease(row) for row in conn.execute(_LEASE_QUERY + " WHERE status = ?", (STREAMING,))]
+            gone = [lease.message_id for lease in leases if lease.gone(self.owner, now, exists)]
+            conn.executemany(
                 "UPDATE messages SET status = ?, stop_reason = ?, incomplete = 1, updated = ?"
-                " WHERE role = 'assistant' AND status = ?",
-                (DONE, INTERRUPTED, self.clock(), STREAMING),
+                " WHERE id = ? AND status = ?",
+                [(DONE, INTERRUPTED, now, message_id, STREAMING) for message_id in gone],
             )
-            return cursor.rowcount
+        self._last_sweep = now
+        self.recovered += len(gone)
+        return len(gone)
+
+    def _sweep_if_due(self) -> None:  # from our answers' timers: recover again once a bound has passed
+        if self._conn is not None and self.clock() - self._last_sweep >= self.stale_after:
+            self.recover_interrupted()
 
     # ---- reading -----------------------------------------------------------
 
@@ -386,13 +421,15 @@ class AnswerWriter:
     piece never waits longer than the interval to be written. ``finish``
     writes the final text and why it ended.
 
-    The timer is an entry in the event loop's timer heap when ``append`` is
-    called on a running loop (the server), else a thread. A thread per answer
-    cost a server streaming to 1,000 readers 1,000 threads, each started anew
-    every second and each taking the GIL from the event loop to write: the
-    chapter 11 benchmark (``benchmarks/many_streams.py``) measured gaps of
-    0.5 s between events against a 50 ms schedule, and ten times the CPU per
-    event of uvicorn + Starlette.
+    The same timer refreshes the heartbeat every ``beat_every`` seconds when
+    nothing new came: other processes sharing the file see the answer is
+    alive (``Lease.gone``). The timer is an entry in the event loop's timer
+    heap when the writer is made on a running loop (the server), else a
+    thread. A thread per answer cost a server streaming to 1,000 readers
+    1,000 threads, each started anew every second and each taking the GIL
+    from the event loop to write: the chapter 11 benchmark
+    (``benchmarks/many_streams.py``) measured gaps of 0.5 s between events
+    against a 50 ms schedule, and ten times the CPU per event of uvicorn + Starlette.
 
     A second ``finish`` is ignored and returns the row as it stands: the
     first ending to arrive wins (the same rule as the server's
@@ -417,10 +454,14 @@ class AnswerWriter:
         self._dirty = False
         self._finished: Message | None = None
         self._last_flush = message.created
+        self._last_beat = message.created  # the row was born with our heartbeat
         self._timer: threading.Timer | asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # when the timer fires, on the store's clock
         # Guards the parts and the timer: appends come from the event loop,
         # the timer fires in its own thread.
         self._lock = threading.Lock()
+        with self._lock:
+            self._arm_locked()  # from the first moment: a long prefill sends nothing, yet is alive
 
     @property
     def text(self) -> str:
@@ -450,14 +491,24 @@ class AnswerWriter:
             self._parts.append(text)
             self._tokens = tokens
             self._dirty = True
-            waited = self._store.clock() - self._last_flush
-            if waited >= self._store.flush_interval:
+            if self._store.clock() - self._last_flush >= self._store.flush_interval:
                 self._flush_locked()
-            elif self._timer is None:
+            else:
                 # Nothing more may come for a while: make sure this piece is
                 # written within the interval anyway.
-                delay = min(max(self._store.flush_interval - waited, 0.0), self._store.flush_interval)
-                self._timer = self._start_timer(delay)
+                self._arm_locked()
+
+    def _arm_locked(self) -> None:
+        """Keep the one timer (one per answer, not per purpose) set for the waiting text's flush, else the heartbeat."""
+        store = self._store
+        wait, since = (store.flush_interval, self._last_flush) if self._dirty else (store.beat_every, self._last_beat)
+        due = since + wait
+        if self._timer is not None:
+            if self._timer_due <= due:
+                return
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = self._start_timer(min(max(due - store.clock(), 0.0), wait))
 
     def _start_timer(self, delay: float) -> threading.Timer | asyncio.TimerHandle:
         """``_on_timer`` in ``delay`` seconds: on the caller's event loop if it runs one, else in a thread."""
@@ -479,17 +530,32 @@ class AnswerWriter:
     def _on_timer(self) -> None:
         with self._lock:
             self._timer = None
-            if self._finished is None:
+            if self._finished is not None:
+                return
+            if self._dirty:
                 self._flush_locked()
+            else:
+                try:
+                    if self._store.clock() - self._last_beat >= self._store.beat_every:
+                        self._store._write_heartbeat(self.message_id)
+                        self._last_beat = self._store.clock()
+                finally:
+                    self._arm_locked()  # a failed write (a lock held too long) must not end the heartbeat
+        self._store._sweep_if_due()
 
     def _flush_locked(self) -> None:
+        """Write what is waiting (the heartbeat with it), then set the timer for what is due next."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._last_flush = self._store.clock()
-        if self._dirty:
-            self._store._write_progress(self.message_id, "".join(self._parts), self._tokens)
-            self._dirty = False
+        try:
+            if self._dirty:
+                self._store._write_progress(self.message_id, "".join(self._parts), self._tokens)
+                self._last_beat = self._last_flush
+                self._dirty = False
+        finally:
+            self._arm_locked()
 
     def finish(self, stop_reason: str, *, error: str | None = None) -> Message:
         """Write the final text, status ``done``, the stop reason and the incomplete flag.

@@ -590,7 +590,7 @@
         try { data = JSON.parse(event.data); } catch (err) { /* as is */ }
         const message = (data.error && data.error.message) || "error";
         source.close();
-        if (data.stored_reason) finish(Object.assign({}, data, { error: message }));
+        if (data.stop_reason) finish(Object.assign({}, data, { error: message }));
         else settleFromServer(message);
       } else if (source.readyState === EventSource.CLOSED) {
         // Closed for good without an end event: ask the server how it ended.
@@ -607,15 +607,17 @@
     for (let i = 0; i < 40 && id === state.generationId && !state.ended; i++) {
       try {
         const g = await getJSON("generations/" + encodeURIComponent(id));
-        if (g.stored_reason || g.stop_reason) {
+        if (g.stored_reason) {
           if (typeof g.text === "string" && g.text.length >= state.text.length) state.text = g.text;
-          finish(Object.assign({}, g, { error: errorMessage }));
+          // The generation's state speaks /log's words (its stop_reason is the model's, "eos"...);
+          // its stored_reason is what an end event calls stop_reason.
+          finish(Object.assign({}, g, { stop_reason: g.stored_reason, error: errorMessage }));
           return;
         }
       } catch (err) { /* try again */ }
       await sleep(250);
     }
-    if (!state.ended) finish({ stored_reason: "error", error: errorMessage || "the stream broke off" });
+    if (!state.ended) finish({ stop_reason: "error", error: errorMessage || "the stream broke off" });
   }
 
   function finish(end) {
@@ -625,7 +627,7 @@
     if (state.source) state.source.close();
     forgetInflight();
     if (end.conversation_id && end.conversation_id !== state.conversationId) setConversation(end.conversation_id);
-    const reason = end.stored_reason || end.stop_reason || (end.error ? "error" : null);
+    const reason = end.stop_reason || (end.error ? "error" : null);  // the stored reason, as every end event says it
     const message = end.error && typeof end.error === "object" ? end.error.message : end.error;
     paintAnswer();
     markEnding(els.liveAnswer, reason, message, end.tokens);
@@ -694,7 +696,7 @@
       if (!response.ok) throw new Error(await errorText(response));
       created = await response.json();
     } catch (err) {
-      finish({ stored_reason: "error", error: err.message || String(err) });
+      finish({ stop_reason: "error", error: err.message || String(err) });
       return;
     }
     state.generationId = created.id;
