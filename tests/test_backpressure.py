@@ -221,7 +221,7 @@ def slow_reader_job() -> Job:
 def test_each_format_ends_a_slow_reader_stop_as_incomplete():
     job = slow_reader_job()
     ours = StreamlabFormat().ending(job)
-    assert ours[0].name == "end" and ours[0].data["stored_reason"] == SLOW_READER and ours[0].data["incomplete"]
+    assert ours[0].name == "end" and ours[0].data["stop_reason"] == SLOW_READER and ours[0].data["incomplete"]
     openai = ChatCompletionFormat("fake").ending(job)
     assert len(openai) == 1 and "slow_reader" in openai[0].data["error"]["message"]  # an error, no [DONE]
     anthropic = MessagesFormat("fake").ending(job)
@@ -324,7 +324,7 @@ def read_all_after_stop(port: int, sock: socket.socket) -> Trace:
 def test_debug_queues_answers_only_this_machine():
     with serving(fake()) as server:
         queues = client.get_json_sync(server.port, "/debug/queues")
-        assert set(queues) == {"time", "rss_bytes", "connections", "generations"}
+        assert set(queues) == {"time", "rss_bytes", "connections", "generations", "waiting"}  # waiting: the line
         assert queues["rss_bytes"] is None or queues["rss_bytes"] > 0
 
 

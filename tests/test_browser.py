@@ -161,7 +161,7 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
 
     streamlab = js(page, "return {id: streamlab.generationId, conversation: streamlab.conversationId,"
                          " text: streamlab.text, end: streamlab.end, pieces: streamlab.pieces.length}")
-    assert streamlab["end"]["stored_reason"] == "stopped", streamlab["end"]
+    assert streamlab["end"]["stop_reason"] == "stopped", streamlab["end"]
     assert streamlab["end"]["incomplete"] is True
     assert "stopped by you" in page.find_element("id", "status").text.lower()
     assert not page.find_element("id", "stop").is_enabled()
@@ -209,7 +209,7 @@ def test_token_limit_is_shown_as_cut_off(page, page_server):
     send(page, PROMPT, max_tokens=5)
     browser.wait_for(lambda: browser.page_state(page) == "done", 30, "the end of a 5-token answer")
     end = js(page, "return streamlab.end")
-    assert end["stored_reason"] == "max_tokens", end
+    assert end["stop_reason"] == "max_tokens", end
     assert end["tokens"] == 5
     assert "cut off: token limit" in page.find_element("id", "status").text.lower()
     live = page.find_element("id", "live-answer")

@@ -194,7 +194,7 @@ def test_websockets_sync_client_reads_the_whole_scripted_answer(app):
     *pieces, done = messages
     assert all(set(m) == {"text"} for m in pieces) and len(pieces) > 10
     assert "".join(m["text"] for m in pieces) == DEFAULT_SCRIPT  # the emoji whole, nothing lost
-    assert done["done"] is True and done["stop_reason"] == "eos"
+    assert done["done"] is True and done["stop_reason"] == "completed"
 
 
 def test_websockets_client_pinging_every_50ms_survives_a_slow_answer(slow):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.protocol import sse
 from streamlab.server import responses as server_module
 from streamlab.server import Server, ServerConfig
@@ -89,7 +89,7 @@ def test_resume_after_a_drop_adds_up_to_one_uninterrupted_answer(kept, uninterru
     assert ids == list(range(1, len(ids) + 1))  # nothing missing, nothing twice
     assert first.text + second.text == uninterrupted
     end = second.events[-1]
-    assert end.kind == "end" and end.data["stored_reason"] == "max_tokens" and end.data["tokens"] == 40
+    assert end.kind == "end" and end.data["stop_reason"] == "max_tokens" and end.data["tokens"] == 40
     (record,) = records_of(kept.port, created["id"])  # one generation served both readings
     assert record["tokens"] == 40 and record["path"] == "/generations"
 
@@ -276,7 +276,7 @@ def test_cancel_stops_within_two_tokens(kept):
     assert record["tokens_at_stop"] >= 8 and record["tokens"] <= record["tokens_at_stop"] + 2, record
     assert record["stored_reason"] == "stopped" and not record["client_left"]
     trace = result["trace"]
-    assert trace.complete and trace.events[-1].data["stored_reason"] == "stopped"
+    assert trace.complete and trace.events[-1].data["stop_reason"] == "stopped"
     stored = stored_answer(kept.port, created["conversation_id"])
     assert stored["stop_reason"] == "stopped" and stored["content"] == trace.text
     again = client.cancel_generation_sync(kept.port, created["id"])  # nothing left to stop
