@@ -138,7 +138,8 @@ def test_connection_cap_answers_503_with_retry_after():
 
 
 def test_admission_limit_refuses_generations_beyond_it():
-    with serving(FakeLM(decode_seconds=0.02), max_active=2) as server:
+    # The refuse policy: 503 at once past max_active (the default queues; tests/test_queue.py has the line).
+    with serving(FakeLM(decode_seconds=0.02), max_active=2, admission="refuse") as server:
         body = {"prompt": "Hi", "max_tokens": 100, "chat": False, "ignore_eos": True}
         created = [client.fetch_sync(server.port, "POST", "/generations", body=body) for _ in range(3)]
         assert [r.status for r in created] == [201, 201, 503]

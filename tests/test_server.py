@@ -21,7 +21,7 @@ from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import parse_response_head
 from streamlab.server import ClientConnection, ClientGone
-from streamlab.server.config import MAX_ACTIVE
+from streamlab.server.config import ADMISSION, MAX_ACTIVE, MAX_WAITING
 
 pytestmark = pytest.mark.timeout(120)
 model = pytest.mark.model
@@ -178,6 +178,10 @@ def test_health(app):
         "naive": False,
         "active": 0,
         "max_active": MAX_ACTIVE,
+        "admission": ADMISSION,
+        "waiting": 0,
+        "max_waiting": MAX_WAITING,
+        "left_queue": 0,
     }
 
 
@@ -274,7 +278,11 @@ def test_log_records(app):
         "conversation_id",
         "message_id",
         "generation_id",
+        "queue_position",
+        "queued_s",
+        "left_queue",
     }
+    assert record["queue_position"] is None and record["queued_s"] == 0 and not record["left_queue"]  # no line
     assert record["path"] == "/stream" and record["tokens"] == 10 and record["stop_reason"] == "max_tokens"
     assert record["pieces_sent"] == len(trace.text_events)
     assert record["prompt_tokens"] > 0 and record["ended"] >= record["started"]

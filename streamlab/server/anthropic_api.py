@@ -6,7 +6,9 @@ a ``content_block_delta`` (``text_delta``) per piece, ``content_block_stop``,
 ``message_delta`` (the ``stop_reason``: ``end_turn``, ``max_tokens`` or
 ``stop_sequence``, and the output tokens), ``message_stop``. Silences are
 filled with ``ping`` events, and a failure is an ``error`` event, which the
-SDK raises. Whole (``stream`` false), it is one ``message`` object.
+SDK raises. Whole (``stream`` false), it is one ``message`` object. A stream
+waiting in line for its turn carries ``ping`` events alone, before its
+``message_start`` (the SDK skips pings wherever they come).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.events import Event
 from streamlab.server.formats import Format
-from streamlab.server.jobs import Job
+from streamlab.server.jobs import Job, Ticket
 from streamlab.server.requests import (
     GenerationRequest,
     bad,
@@ -84,6 +86,9 @@ class MessagesFormat(Format):
         start = {"type": "message_start", "message": self._message(job, [], None, 0)}
         block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
         return [Event(start, "message_start"), Event(block, "content_block_start"), self.silence()]
+
+    def unserved(self, ticket: Ticket) -> list[Event]:
+        return [Event(error(503, "the server is shutting down; this request's turn never came"), "error")]
 
     def piece(self, text: str) -> Event:
         delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.protocol.endings import INCOMPLETE_REASONS
+from streamlab.protocol.endings import INCOMPLETE_REASONS, SERVER_SHUTDOWN
 from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
@@ -27,10 +27,10 @@ from streamlab.server.connection import ClientConnection, ClientGone
 from streamlab.server.sources import source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
-from streamlab.server.jobs import Jobs, LogRecord, title
+from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, busy, title
 from streamlab.server.requests import GenerationRequest, last_event_id, parse_generation_request
 from streamlab.server.resumable import Registry
-from streamlab.server.streams import EventStream, format_events
+from streamlab.server.streams import EventStream, format_events, wait_in_line
 from streamlab.server.websocket_session import WebSocketSession
 
 Handler = Callable[..., Awaitable[bool]]
@@ -271,13 +271,19 @@ class Server:
     async def _whole(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
         """The whole answer in one JSON body, in the route's format; nothing is written until the end.
 
-        So the reader waits for all of it, and the only way to notice one who
-        gave up is to watch for EOF. Each piece is stored as it is made: a
-        crash must not lose it all.
+        So the reader waits for all of it (its turn in line first, if it must),
+        and the only way to notice one who gave up is to watch for EOF. Each
+        piece is stored as it is made: a crash must not lose it all.
         """
         jobs = self.jobs
-        job = jobs.start(request.path, req)
+        ticket = jobs.admit(request.path, req)
+        job = None
         try:
+            if not await jobs.wait_turn(client, ticket):
+                if ticket.left == SERVER_SHUTDOWN:  # still there, and nothing written yet: a 503 can say so
+                    raise busy("the server is shutting down; this request's turn never came")
+                return False
+            job = jobs.start(ticket)
             async with jobs.watching(client, job):
                 async for piece in job.generation.pieces():
                     job.answer.append(piece.text, piece.tokens)
@@ -292,26 +298,49 @@ class Server:
             job.record.pieces_sent = 1
             return keep_alive
         except ClientGone as gone:
-            jobs.stop(job, gone.signal)
+            jobs.stop(job, gone.signal) if job is not None else jobs.leave(ticket, gone.signal)
             return False
         finally:
-            await jobs.finish(job)
+            await self._done_with(ticket, job)
 
     async def _stream(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
-        """The one streaming loop of every generating SSE route: the format's events as the pieces come."""
+        """The one streaming loop of every generating SSE route: the format's events as the pieces come.
+
+        A reader who must wait in line gets the head at once, then its place
+        (or keep-alives) until its turn; the others get the head with the
+        generation's own headers, as soon as it has started.
+        """
         jobs = self.jobs
-        job = jobs.start(request.path, req)
-        stream = EventStream(client, request, headers=job.headers(), accel_header=self.config.accel_header)
+        ticket = jobs.admit(request.path, req)
+        stream = EventStream(client, request, headers=ticket.headers(), accel_header=self.config.accel_header)
+        job = None
         try:
+            if not await wait_in_line(jobs, ticket, stream, fmt):
+                return False
+            job = jobs.start(ticket)
             async with jobs.watching(client, job):
-                await stream.open()
+                if not stream.opened:
+                    stream.headers = job.headers()
+                    await stream.open()
                 await stream.pump(format_events(jobs, job, fmt, self.config.ping_interval))
             await stream.close()
         except ClientGone as gone:
-            jobs.stop(job, gone.signal)
+            jobs.stop(job, gone.signal) if job is not None else jobs.leave(ticket, gone.signal)
         finally:
-            await jobs.finish(job)
-        return stream.keep_alive and job.record.stop_signal is None
+            await self._done_with(ticket, job)
+        return stream.keep_alive and job is not None and job.record.stop_signal is None
+
+    async def _done_with(self, ticket: Ticket, job: Job | None) -> None:
+        """A handler's last word on its request: the generation's finish, or its place in line given up.
+
+        Only a handler cancelled at shutdown gets here with a ticket it neither
+        used nor gave up, so that is the signal it leaves with: no way out of a
+        handler may keep a place, or a slot, that nobody will use.
+        """
+        if job is not None:
+            await self.jobs.finish(job)
+        else:
+            self.jobs.leave(ticket, SERVER_SHUTDOWN)
 
     async def websocket(self, client: ClientConnection, request: Request) -> bool:
         """``GET /ws``: check the upgrade and its Origin, answer 101, then speak frames."""
@@ -331,7 +360,7 @@ class Server:
         body = {
             "id": resource.id,
             "conversation_id": resource.turn.conversation_id,
-            "message_id": resource.job.record.message_id if resource.job else None,
+            "message_id": resource.job.record.message_id if resource.job else None,  # None while it waits in line
             "events": f"/generations/{resource.id}/events",
         }
         headers = [("Location", f"/generations/{resource.id}"), *resource.headers()]
@@ -377,7 +406,7 @@ class Server:
         """``GET /generations/{id}``: how far it has come, its text so far, how it ended."""
         resource = self.registry.get(id)
         job = resource.job
-        record = job.record if job is not None else LogRecord(id="", path="")
+        record = resource.record or LogRecord(id="", path="")  # none yet: --forget, before any reader
         body = {
             "id": resource.id,
             "conversation_id": resource.turn.conversation_id,
@@ -387,7 +416,7 @@ class Server:
             "tokens": record.tokens,
             "stop_reason": record.stop_reason,
             "stored_reason": record.stored_reason,
-            "incomplete": record.stored_reason in INCOMPLETE_REASONS if record.done else None,
+            "incomplete": (record.left_queue or record.stored_reason in INCOMPLETE_REASONS) if record.done else None,
             "events": len(resource.events),
         }
         return await responses.respond_json(client, request, body)
@@ -406,15 +435,18 @@ class Server:
         return await responses.respond_json(client, request, asdict(record))
 
     async def health(self, client: ClientConnection, request: Request) -> bool:
-        """``GET /health``: up, which model, which mode, how busy."""
-        body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": self.config.naive,
-                "active": len(self.jobs.running), "max_active": self.config.max_active}
+        """``GET /health``: up, which model, which mode, how busy (running, and waiting in line)."""
+        config, jobs = self.config, self.jobs
+        body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": config.naive,
+                "active": len(jobs.running), "max_active": config.max_active, "admission": config.admission,
+                "waiting": len(jobs.queue), "max_waiting": config.max_waiting, "left_queue": jobs.left_queue}
         return await responses.respond_json(client, request, body)
 
     async def debug_queues(self, client: ClientConnection, request: Request) -> bool:
         """``GET /debug/queues``: where a slow reader's bytes wait now, layer by layer (this machine only; see queues.py)."""
         running = self.jobs.running if self.jobs is not None else ()
-        body = queues.snapshot(client, self._connections.values(), running)
+        waiting = self.jobs.queue if self.jobs is not None else ()
+        body = queues.snapshot(client, self._connections.values(), running, waiting)
         return await responses.respond_json(client, request, body)
 
     async def get_conversations(self, client: ClientConnection, request: Request) -> bool:

@@ -55,19 +55,31 @@ REQUESTS = Settings(
     # SYN is retried by the client's kernel after 1 s, then 3 s, 7 s (uvicorn's
     # default is 2048, as here). The kernel caps it at net.core.somaxconn.
     Setting("backlog", 2048, "connections", "connections the kernel queues before the server accepts them"),
-    # Generations running at once. The bound is on each admitted reader's first
-    # text: a newcomer's prompt is read (in chunks, one prompt at a time) between
-    # the others' steps, so it waits longer the more are running. Measured in
-    # chapter 9 on threads (2 cores, SmolLM2-135M; idle first text 0.22 s): 2
-    # readers at once got theirs in 0.30 s (median) and 0.40 s (worst), 4 in
-    # 0.59 s and 0.90 s. The batched engine (the default since) keeps each
-    # reader's time per token near 160-190 ms up to 16 readers, far better than
-    # threads, but its first texts under a burst were no better (4 at once: 1.4 s
-    # median, benchmarks/load.py), since prompts are still read one at a time.
-    # Two keeps an admitted reader within 2x of an idle server; --max-active
-    # raises it (a naive server needs room for the generations it keeps running
-    # for nobody).
-    Setting("max_active", 2, "generations", "run N generations at once (503 beyond)"),
+    # Generations running at once: the batch. Two dates from when generations
+    # took turns on one lock (chapter 9 on threads, 2 cores, SmolLM2-135M, idle
+    # first text 0.22 s: 2 readers at once got theirs in 0.30 s median, 4 in
+    # 0.59 s), when more at once added no tokens/s, only waiting. The batched
+    # engine (the default since) makes one forward pass for all of them:
+    # benchmarks/load.py measured 8 readers at once at 45 tokens/s in all against
+    # 11 on threads, each reader still getting a token every 162 ms (median),
+    # under the 0.2 s a reader notices. So 8, for now: the value to keep is the
+    # largest batch whose readers each stay under that reading threshold per
+    # token in benchmarks/load.py on the machine that serves. Beyond it readers
+    # wait in line (max_waiting, admission) rather than slow everyone down.
+    Setting("max_active", 8, "generations", "run N generations at once; the others wait in line (or, with"
+            " --admission refuse, get 503)"),
+    # Ollama and vLLM queue what they cannot run yet, and so does this server: a
+    # reader who asks is served, later, and told its place while it waits. The
+    # line is bounded, since every waiting reader holds a connection: 64 is sized
+    # for a classroom (a few dozen people asking at once), well inside the 100
+    # connections a server holds.
+    Setting("max_waiting", 64, "readers", "let N readers wait in line, first in, first out, for a generation"
+            " to end (503 with Retry-After beyond; 0: no line)"),
+    # refuse: 503 with Retry-After (WebSocket close 1013) at once to whoever
+    # finds max_active generations running, as before the line existed;
+    # chapter 9 compares the two.
+    Setting("admission", "queue", "", "queue: past --max-active, wait in line; refuse: past --max-active,"
+            " 503 at once", choices=("queue", "refuse")),
     # websockets' defaults, for an idle WebSocket (no generation streaming on it).
     Setting("ws_ping_interval", 20.0, "s", "ping an idle WebSocket after S silent seconds"),
     Setting("ws_ping_timeout", 20.0, "s", "close a WebSocket (1011) when no pong comes back within S seconds"),
@@ -200,6 +212,9 @@ IDLE_TIMEOUT = REQUESTS.default("idle_timeout")
 MAX_CONNECTIONS = REQUESTS.default("max_connections")
 LISTEN_BACKLOG = REQUESTS.default("backlog")
 MAX_ACTIVE = REQUESTS.default("max_active")
+MAX_WAITING = REQUESTS.default("max_waiting")
+ADMISSIONS = REQUESTS["admission"].choices
+ADMISSION = REQUESTS.default("admission")
 WS_PING_INTERVAL = REQUESTS.default("ws_ping_interval")
 WS_PING_TIMEOUT = REQUESTS.default("ws_ping_timeout")
 WS_IDLE_TIMEOUT = REQUESTS.default("ws_idle_timeout")
@@ -237,6 +252,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-head must be at least 1, --max-body and --keep-generations cannot be negative")
     if args.max_queued < 0 or args.slow_reader_timeout < 0:
         p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
+    if args.max_waiting < 0:
+        p.error("--max-waiting cannot be negative (0: no line)")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
         p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     return args

@@ -5,9 +5,9 @@ the generation, the disconnect watch, the stored answer, ``/log``) and the
 same loop (``streams.format_events`` for a stream, ``app.Server._whole`` for
 a whole answer). What differs between streamlab's own events, OpenAI's
 ``chat.completion.chunk`` and Anthropic's Messages events is only how a
-beginning, a piece, a silence, an ending and an error are written. That is a
-``Format``; this module holds the base and streamlab's own. The others are
-in ``openai_api.py`` and ``anthropic_api.py``.
+place in line, a beginning, a piece, a silence, an ending and an error are
+written. That is a ``Format``; this module holds the base and streamlab's
+own. The others are in ``openai_api.py`` and ``anthropic_api.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,20 @@ from streamlab.server.events import Event
 from streamlab.server.jobs import error_body
 
 if TYPE_CHECKING:
-    from streamlab.server.jobs import Job
+    from streamlab.server.jobs import Job, Ticket
 
 
 class Format:
     """The hooks an API fills in; a new object for every response (it may count what it sent)."""
+
+    def queued(self, ahead: int) -> list[Event]:
+        """What a reader waiting in line is told of its place (``ahead`` readers before it), on arrival and at
+        every change. An API with no word for it says nothing: its readers get the silences' keep-alives alone."""
+        return []
+
+    def unserved(self, ticket: Ticket) -> list[Event]:
+        """The end of a stream whose turn never came (the server is going away): an error, never an ending."""
+        raise NotImplementedError
 
     def opening(self, job: Job) -> list[Event]:
         """Events before the first piece (a role, a message header)."""
@@ -64,13 +73,20 @@ class Format:
 
 
 class StreamlabFormat(Format):
-    """streamlab's own events: ``{"text"}`` per piece, then ``end`` (or ``error``).
+    """streamlab's own events: ``queued`` ``{"ahead"}`` while in line, ``{"text"}`` per piece, then ``end`` (or ``error``).
 
     ``/stream`` adds ``data: [DONE]`` after ``end``, as OpenAI's streams do, and
     never after ``error``: a client must not mistake a failed answer for a
     complete one. (The numbered, resumable ``/generations`` events carry the
     same data, numbered by the run that keeps them: see ``resumable.Run``.)
     """
+
+    def queued(self, ahead: int) -> list[Event]:
+        return [Event({"ahead": ahead}, "queued")]
+
+    def unserved(self, ticket: Ticket) -> list[Event]:
+        name, data = ticket.ending()
+        return [Event(data, name), Event(sse.DONE)] if name == "end" else [Event(data, name)]
 
     def piece(self, text: str) -> Event:
         return Event({"text": text})

@@ -1,11 +1,15 @@
-"""Generation jobs: the user's turn, the running generation, its ``/log`` record, its stored answer.
+"""Generation jobs: the line at the door, the user's turn, the running generation, its ``/log`` record, its answer.
 
 Every route that generates (``/complete``, ``/stream``, ``/ws``,
 ``/generations``) goes through ``Jobs``: it measures the prompt in tokens
-against the context, admits at most ``max_active`` generations at once,
-commits the user's message before anything is generated, starts the
-generation thread, and at the end closes the record and the stored answer
-with one stop reason (the vocabulary is in ``streamlab/stops.py``).
+against the context, admits the request (a generation now, while fewer than
+``max_active`` run; else a place in a bounded first-in-first-out line, or 503
+with ``--admission refuse`` or a full line), commits the user's message
+before anything is generated, starts the generation (a thread, or a row of
+the batched engine: the line is in front of both), and at the end closes the
+record and the stored answer with one stop reason (the vocabulary is in
+``streamlab/protocol/endings.py``); a generation that ends hands its place to
+the first in line.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from streamlab.model.generation import Generation, GenerationResult, Piece, PieceSource
 from streamlab.protocol.http_head import HTTPError
@@ -30,12 +34,14 @@ from streamlab.protocol.endings import (
     SERVER_SHUTDOWN,
     SLOW_READER,
     STOP_MESSAGE,
+    STOPPED,
     stop_reason_for,
 )
 from streamlab.server.store import AnswerWriter, Store
 from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig
-from streamlab.server.connection import ClientConnection, in_background
+from streamlab.server.connection import ClientConnection, ClientGone, in_background
 from streamlab.server.requests import GenerationRequest, check_context
+from streamlab.server.silence import Silence
 from streamlab.server.responses import Refused
 
 TITLE_CHARS = 60  # a conversation's title: the start of its first message
@@ -63,6 +69,11 @@ class LogRecord:
     generations, and their tokens add up. ``prompt_tokens_read`` is how much
     of the prompt went through the model (less than ``prompt_tokens`` when a
     stop came during a chunked prefill).
+
+    The record exists from admission: ``queue_position`` is how many readers
+    were ahead when it arrived (None: it started at once), ``queued_s`` how
+    long it waited in line, ``started`` when its generation began; one that
+    left the line (``left_queue``) has a ``stop_signal`` and nothing else.
     """
 
     id: str
@@ -85,6 +96,9 @@ class LogRecord:
     conversation_id: str | None = None
     message_id: str | None = None
     generation_id: str | None = None
+    queue_position: int | None = None
+    queued_s: float = 0.0
+    left_queue: bool = False
 
     def count_tokens(self, tokens: int) -> None:
         """Called from the generation thread after every token (an int store is atomic)."""
@@ -105,6 +119,56 @@ class Turn:
     user_message_id: str
     prompt_ids: list[int]
     messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream source is sent)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request until its generation starts: its place in line (``ahead``), or the slot it was given.
+
+    The prompt was measured at the door (what cannot fit waits for nothing);
+    the user's turn is committed when the generation starts (earlier only for
+    ``/generations``, whose 201 names it), so one who leaves the line leaves
+    nothing in the store.
+    """
+
+    req: GenerationRequest
+    record: LogRecord
+    prompt_ids: list[int]
+    messages: tuple[dict[str, str], ...]
+    turn: Turn | None = None
+    arrived: float = field(default_factory=time.monotonic)
+    ahead: int | None = None
+    granted: bool = False  # its turn came: a slot is held for it
+    started: bool = False
+    left: str | None = None  # the signal it left the line with, before its generation started
+    _moved: asyncio.Future | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.ahead is not None
+
+    def moved(self) -> asyncio.Future:
+        """A future that turns True when the ticket's place changes (it moves up, its turn comes, it leaves)."""
+        if self._moved is None or self._moved.done():
+            self._moved = asyncio.get_running_loop().create_future()
+        return self._moved
+
+    def _notify(self) -> None:
+        if self._moved is not None and not self._moved.done():
+            self._moved.set_result(True)
+
+    def headers(self) -> list[tuple[str, str]]:
+        """A waiting reader's head: its request id, and its conversation when that exists already."""
+        conversation_id = self.turn.conversation_id if self.turn is not None else self.req.conversation_id
+        return [("X-Request-Id", self.record.id), *([("X-Conversation-Id", conversation_id)] if conversation_id else [])]
+
+    def ending(self) -> tuple[str, dict]:
+        """For a reader still there whose turn never came: stopped (``end``, no answer) or shut out (``error``)."""
+        ids = {"conversation_id": self.turn.conversation_id if self.turn else self.req.conversation_id,
+               "message_id": None}
+        if self.left == SERVER_SHUTDOWN:
+            return "error", {**error_body(503, "the server is shutting down; this request's turn never came"), **ids}
+        return "end", {"stop_reason": STOPPED, "tokens": 0, "incomplete": True, "left_queue": True, **ids}
 
 
 @dataclass(eq=False)
@@ -158,34 +222,156 @@ def title(prompt: str) -> str:
 
 
 class Jobs:
-    """Every generation the server runs, its log, and the admission limit."""
+    """Every generation the server runs, the line of those waiting for their turn, and the log."""
 
     def __init__(self, source: Any, config: ServerConfig, store: Store) -> None:
         self.source = source  # sources.ModelSource or sources.UpstreamSource
         self.config = config
         self.store = store
         self.running: set[Job] = set()
+        self.queue: deque[Ticket] = deque()  # the line, first in first out
+        self.granted: set[Ticket] = set()  # their turn came, their generation not started yet: slots taken
+        self.left_queue = 0  # readers who left the line before their turn
+        self.closing = False  # the server is going away: nobody new is let in
         self.log: OrderedDict[str, LogRecord] = OrderedDict()
         self._ids = itertools.count(1)
 
     def new_id(self) -> str:
         return str(next(self._ids))
 
-    def admit(self) -> None:
-        """503 when ``max_active`` generations already run: refuse early, before anything is stored."""
-        if len(self.running) >= self.config.max_active:
-            raise busy(f"{len(self.running)} generations are running, the limit is {self.config.max_active}")
+    def admit(self, path: str, req: GenerationRequest, request_id: str | None = None, *,
+              turn: Turn | None = None, generation_id: str | None = None) -> Ticket:
+        """Measure the request, then give it a generation now, a place in line, or a 503.
+
+        A generation now while fewer than ``max_active`` run (or are about to:
+        ``granted``) and nobody waits, so a newcomer never overtakes the line.
+        Otherwise, with ``--admission queue``, the end of the line, while it
+        is shorter than ``max_waiting``. Everything else is refused early with
+        503 and ``Retry-After``, before anything is stored. Nothing here
+        awaits: the event loop runs one handler at a time, so tickets are in
+        exactly the order requests reached this line, however many arrive at once.
+        """
+        prompt_ids, messages = (turn.prompt_ids, turn.messages) if turn is not None else self.measure(req)
+        config = self.config
+        taken = len(self.running) + len(self.granted)
+        if self.closing:
+            raise busy("the server is shutting down")
+        if taken < config.max_active and not self.queue:
+            ahead = None
+        elif config.admission == "refuse" or config.max_active < 1:  # a line in front of no slot would never move
+            raise busy(f"{taken} generations are running, the limit is {config.max_active}")
+        elif len(self.queue) >= config.max_waiting:
+            raise busy(f"{taken} generations are running and the line is full ({len(self.queue)} waiting,"
+                       f" --max-waiting {config.max_waiting})")
+        else:
+            ahead = len(self.queue)
+        record = LogRecord(id=request_id or self.new_id(), path=path, naive=config.naive, generation_id=generation_id,
+                           conversation_id=turn.conversation_id if turn else req.conversation_id,
+                           prompt_tokens=len(prompt_ids), queue_position=ahead)
+        ticket = Ticket(req, record, prompt_ids, tuple(messages), turn, ahead=ahead)
+        self.log[record.id] = record
+        while len(self.log) > MAX_LOG_RECORDS:
+            self.log.popitem(last=False)
+        if ahead is None:
+            ticket.granted = True
+            self.granted.add(ticket)
+        else:
+            self.queue.append(ticket)
+        return ticket
+
+    async def in_queue(self, ticket: Ticket, interval: float) -> AsyncIterator[int | None]:
+        """While ``ticket`` waits: its place on arrival and at every change; ``None`` (a keep-alive is due) after
+        ``interval`` silent seconds. It ends when the ticket's turn comes or it left (``ticket.left``)."""
+        silence = Silence(interval)
+        told: int | None = None
+        try:
+            while ticket.waiting:
+                if ticket.ahead != told:
+                    told = ticket.ahead
+                    yield told
+                elif not await silence.wait(ticket.moved()):
+                    yield None
+        finally:
+            silence.close()
+
+    async def wait_turn(self, client: ClientConnection | None, ticket: Ticket,
+                        tell: Callable[[int | None], Awaitable[None]] | None = None) -> bool:
+        """Wait in line for the ticket's turn: True once it came, False if the reader left first.
+
+        ``tell(ahead)`` gets the reader's place on arrival and at every change,
+        and ``None`` when a keep-alive is due (every ``ping_interval`` of
+        silence). With a ``client`` its connection is watched meanwhile: EOF
+        takes the reader out of line at once (a WebSocket session watches its
+        own frames instead). A write that fails does the same, and raises.
+        """
+        if ticket.waiting:
+            try:
+                async with self.watching(client, ticket):
+                    async with aclosing(self.in_queue(ticket, self.config.ping_interval)) as places:
+                        async for ahead in places:
+                            if tell is not None:
+                                await tell(ahead)
+            except ClientGone as gone:
+                self.leave(ticket, gone.signal)
+                raise
+        return ticket.left is None
+
+    def leave(self, ticket: Ticket, signal: str) -> bool:
+        """Take a ticket out of line before its generation started: the reader left, stopped, or is shut out.
+
+        At once, and counted (``left_queue``); those behind it move up, and a
+        slot it was given goes to the next in line. No generation ran for it
+        and nothing was stored (a ``/generations`` turn was, at its POST); its
+        ``/log`` record says how long it waited and how it went. False when it
+        had started or left already: then there is nothing to do.
+        """
+        if ticket.started or ticket.left is not None:
+            return False
+        ticket.left = signal
+        if ticket.waiting:
+            self.queue.remove(ticket)
+            ticket.ahead = None
+            self._renumber()
+        else:
+            self.granted.discard(ticket)
+            self._grant()
+        self.left_queue += 1
+        record = ticket.record
+        record.stop_signal, record.tokens_at_stop = signal, 0
+        record.client_left = signal in LEAVING_SIGNALS
+        record.said_stop = signal == STOP_MESSAGE
+        record.queued_s = time.monotonic() - ticket.arrived
+        record.left_queue = True
+        record.ended = time.time()
+        record.done = True
+        ticket._notify()
+        return True
+
+    def _grant(self) -> None:
+        """Hand every free slot to the first in line, then tell the rest their new places."""
+        moved = False
+        while self.queue and len(self.running) + len(self.granted) < self.config.max_active and not self.closing:
+            ticket = self.queue.popleft()
+            ticket.ahead, ticket.granted = None, True
+            self.granted.add(ticket)
+            ticket._notify()
+            moved = True
+        if moved:
+            self._renumber()
+
+    def _renumber(self) -> None:
+        for place, ticket in enumerate(self.queue):
+            if ticket.ahead != place:
+                ticket.ahead = place
+                ticket._notify()
 
     # -- the user's turn ------------------------------------------------------
 
-    def begin_turn(self, req: GenerationRequest) -> Turn:
-        """Measure the prompt, then commit the user's message, before anything is generated.
+    def measure(self, req: GenerationRequest) -> tuple[list[int], tuple[dict[str, str], ...]]:
+        """What the model will read, refused (400) when it and ``max_tokens`` do not fit the context.
 
-        The prompt is counted in tokens and refused (400) when it and
-        ``max_tokens`` do not fit the context: nothing is stored for a request
-        refused. A crash after this can lose (part of) an answer, never the
-        question. A ``conversation_id`` continues that conversation (404 if
-        there is none); with ``chat`` the model reads all of it.
+        A ``conversation_id`` continues that conversation (404 if there is
+        none); with ``chat`` the model reads all of it. Nothing is stored.
         """
         store = self.store
         if req.conversation_id is not None and store.conversation(req.conversation_id) is None:
@@ -197,41 +383,49 @@ class Jobs:
         prompt_ids = self.source.prompt_ids(messages, chat=req.chat)
         if prompt_ids:
             check_context(len(prompt_ids), req.max_tokens, self.source.context_length)
+        return prompt_ids, tuple(messages)
+
+    def commit_turn(self, req: GenerationRequest, prompt_ids: list[int], messages: tuple[dict[str, str], ...]) -> Turn:
+        """Commit the user's message before anything is generated: a crash can lose (part of) an answer, never the question."""
+        store = self.store
         conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
         user = store.add_user_message(conversation_id, req.prompt)
-        return Turn(conversation_id, user.id, prompt_ids, tuple(messages))
+        return Turn(conversation_id, user.id, prompt_ids, messages)
+
+    def begin_turn(self, req: GenerationRequest) -> Turn:
+        """Measure the prompt, then commit the user's message (nothing is stored for a request refused)."""
+        return self.commit_turn(req, *self.measure(req))
+
+    def commit_ticket(self, ticket: Ticket) -> Turn:
+        """Commit a ticket's turn now, while it may still wait (``/generations``: its 201 names the conversation)."""
+        if ticket.turn is None:
+            ticket.turn = self.commit_turn(ticket.req, ticket.prompt_ids, ticket.messages)
+            ticket.record.conversation_id = ticket.turn.conversation_id
+        return ticket.turn
 
     # -- a job's life -----------------------------------------------------------
 
-    def start(
-        self,
-        path: str,
-        req: GenerationRequest,
-        request_id: str | None = None,
-        *,
-        turn: Turn | None = None,
-        generation_id: str | None = None,
-    ) -> Job:
-        """Admit, commit the user's turn (unless given), open the answer's row, start the generation thread."""
-        self.admit()
-        turn = turn or self.begin_turn(req)
-        config = self.config
-        record = LogRecord(
-            id=request_id or self.new_id(),
-            path=path,
-            naive=config.naive,
-            conversation_id=turn.conversation_id,
-            generation_id=generation_id,
-            prompt_tokens=len(turn.prompt_ids),
-        )
-        generation = self.source.generation(req, turn.prompt_ids, turn.messages, config, record.count_tokens)
-        if isinstance(generation, PieceSource):  # the backpressure policy, whichever engine makes the pieces
-            generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
-        answer = self.store.begin_answer(turn.conversation_id)
+    def start(self, ticket: Ticket) -> Job:
+        """Its turn came: commit the user's turn (unless done), open the answer's row, start the generation."""
+        if not ticket.granted or ticket.started or ticket.left is not None:
+            raise RuntimeError("a generation starts once, when its ticket's turn has come")
+        ticket.started = True
+        self.granted.discard(ticket)
+        config, record = self.config, ticket.record
+        if record.queue_position is not None:
+            record.queued_s = time.monotonic() - ticket.arrived
+        record.started = time.time()
+        try:
+            turn = self.commit_ticket(ticket)
+            generation = self.source.generation(ticket.req, turn.prompt_ids, turn.messages, config, record.count_tokens)
+            if isinstance(generation, PieceSource):  # the backpressure policy, whichever engine makes the pieces
+                generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
+            answer = self.store.begin_answer(turn.conversation_id)
+        except BaseException as exc:
+            record.error, record.ended, record.done = f"could not start: {exc!r}", time.time(), True
+            self._grant()  # the slot it was given is free again
+            raise
         record.message_id = answer.message_id
-        self.log[record.id] = record
-        while len(self.log) > MAX_LOG_RECORDS:
-            self.log.popitem(last=False)
         job = Job(generation, record, answer)
         self.running.add(job)
         generation.start()
@@ -284,25 +478,30 @@ class Jobs:
         record.ended = time.time()
         record.done = True
         self.running.discard(job)
+        self._grant()  # its slot goes to the first in line
         job.over.set()
         return result
 
     @asynccontextmanager
-    async def watching(self, client: ClientConnection, job: Job) -> AsyncIterator[None]:
-        """While the response is produced, read the connection: EOF means the reader left.
+    async def watching(self, client: ClientConnection | None, job: Job | Ticket) -> AsyncIterator[None]:
+        """While the response is produced (or the reader waits in line), read the connection: EOF means the reader left.
 
         HTTP/1.1 gives a server no other sign. The read returns ``b""`` the
         moment the client's FIN arrives, usually long before a write would
         fail. A naive server skips this and learns only from a failed write.
         """
-        if self.config.naive:
+        if self.config.naive or client is None:
             yield
             return
-        async with in_background(client.watch_for_eof(lambda: self.stop(job, EOF))):
+        gone = (lambda: self.leave(job, EOF)) if isinstance(job, Ticket) else (lambda: self.stop(job, EOF))
+        async with in_background(client.watch_for_eof(gone)):
             yield
 
     def stop_all(self) -> None:
-        """The server is going away: stop every generation, naive ones too (each ends within a token)."""
+        """The server is going away: let nobody else in, empty the line, stop every generation (naive ones too)."""
+        self.closing = True
+        for ticket in [*self.queue, *self.granted]:
+            self.leave(ticket, SERVER_SHUTDOWN)
         for job in list(self.running):
             self.stop(job, SERVER_SHUTDOWN)
 
@@ -311,55 +510,6 @@ class Jobs:
         for job in list(self.running):
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(job.generation.wait(), 2.0)
-
-
-class Silence:
-    """``wait(ready)``: True once the future ``ready`` is done, False after ``interval`` seconds of waiting (0: never).
-
-    ``asyncio.wait({task}, timeout=interval)`` does the same, but makes a
-    timer, a future and callbacks for every piece, and cancels the timer
-    once the piece comes: chapter 11's benchmark (``benchmarks/many_streams.py``)
-    measured it at a fifth of the server's CPU per event at 300 streams.
-    Pieces come far more often than keep-alives are due, so this keeps one
-    timer per stream: when it fires, it looks at when the current wait
-    began, and either ends the wait (resolving the reader's own ``ready``
-    future with False) or sets itself for the right moment.
-    """
-
-    def __init__(self, interval: float) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.interval = interval
-        self.began = 0.0  # loop time when the current wait began
-        self.waiter: asyncio.Future | None = None
-        self.timer: asyncio.TimerHandle | None = None
-
-    async def wait(self, ready: asyncio.Future) -> bool:
-        if ready.done():
-            return bool(ready.result())
-        self.waiter = ready
-        self.began = self.loop.time()
-        if self.interval > 0 and self.timer is None:
-            self.timer = self.loop.call_at(self.began + self.interval, self._due)
-        try:
-            return bool(await ready)
-        finally:
-            self.waiter = None
-
-    def _due(self) -> None:
-        self.timer = None
-        waiter = self.waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits: the next wait sets the timer again
-        due = self.began + self.interval
-        if self.loop.time() >= due:
-            waiter.set_result(False)
-        else:
-            self.timer = self.loop.call_at(due, self._due)
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
 
 async def pieces_or_pings(generation: PieceSource, interval: float) -> AsyncIterator[Piece | None]:

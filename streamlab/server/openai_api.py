@@ -8,6 +8,8 @@ chunk (``stream_options.include_usage``), and ``data: [DONE]``. An answer
 that fails or is cut short ends with ``data: {"error": ...}`` and no
 ``[DONE]``: the SDK raises on it, instead of handing over half an answer as
 if it were whole. Whole (``stream: false``), it is one ``chat.completion``.
+A stream waiting in line for its turn carries only ``: ping`` comments, which
+the SDK skips: OpenAI's format has no word for a place in line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from streamlab.protocol import sse
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.events import Event
 from streamlab.server.formats import Format
-from streamlab.server.jobs import Job
+from streamlab.server.jobs import Job, Ticket
 from streamlab.server.requests import (
     GenerationRequest,
     bad,
@@ -108,6 +110,9 @@ class ChatCompletionFormat(Format):
 
     def opening(self, job: Job) -> list[Event]:
         return [self._chunk({"role": "assistant", "content": ""})]
+
+    def unserved(self, ticket: Ticket) -> list[Event]:
+        return [Event(error(503, "the server is shutting down; this request's turn never came"))]
 
     def piece(self, text: str) -> Event:
         return self._chunk({"content": text})

@@ -7,8 +7,9 @@ and the socket would not), and the bytes in the kernel's send queue
 (``kernel_unsent``: written to the socket, not yet acknowledged by the peer;
 Linux only, else None). For each running generation: its tokens and its
 :class:`~streamlab.model.backlog.Backlog` counters (pieces queued now, the most
-queued, how long it has been waiting for its reader). And the process's
-resident memory. :mod:`streamlab.lab.backpressure` samples it a few times a
+queued, how long it has been waiting for its reader). For each reader waiting
+in line for a generation: its place and how long it has waited. And the
+process's resident memory. :mod:`streamlab.lab.backpressure` samples it a few times a
 second; anyone can ``curl`` it.
 
 The handler passes in the connections and generations to report, so that
@@ -30,7 +31,7 @@ from streamlab.protocol.http_head import HTTPError
 
 if TYPE_CHECKING:
     from streamlab.server.connection import ClientConnection
-    from streamlab.server.jobs import Job
+    from streamlab.server.jobs import Job, Ticket
 
 
 def kernel_unsent(sock: Any) -> int | None:
@@ -64,8 +65,9 @@ def _peer(client: ClientConnection) -> str:
     return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
-def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], running: Iterable[Job]) -> dict[str, Any]:
-    """Every connection's buffers, every running generation's backlog, the process's memory.
+def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], running: Iterable[Job],
+             waiting: Iterable[Ticket] = ()) -> dict[str, Any]:
+    """Every connection's buffers, every running generation's backlog, the line, the process's memory.
 
     The asker's own connection is skipped: its buffers hold nothing but this answer.
     """
@@ -96,4 +98,8 @@ def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], runni
             "ended": generation.result is not None,
             **(backlog.snapshot() if backlog is not None else {}),
         })
-    return {"time": time.time(), "rss_bytes": rss_bytes(), "connections": connections, "generations": generations}
+    now = time.monotonic()
+    line = [{"id": t.record.id, "path": t.record.path, "ahead": t.ahead, "waited_s": now - t.arrived}
+            for t in list(waiting)]
+    return {"time": time.time(), "rss_bytes": rss_bytes(), "connections": connections, "generations": generations,
+            "waiting": line}

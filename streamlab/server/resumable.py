@@ -6,6 +6,12 @@ for a grace period (``--grace``) with nobody reading. ``--forget`` is the
 contrast, a policy of the same registry and the same stream: keep nothing,
 so every reader's generation starts over (the same prompt and seed, paid for
 again) and ends when that reader leaves.
+
+A run may have to wait in line for its turn (``Jobs.admit``). Meanwhile its
+readers get ``queued`` events with its place, unnumbered (they are not part
+of the answer, and a reader who comes back needs only the place now), and
+keep-alives; a cancel, the grace period or (``--forget``) its reader leaving
+takes it out of line.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from streamlab.protocol.endings import CANCEL, EOF, GRACE_EXPIRED
+from streamlab.protocol.endings import CANCEL, EOF, ERROR, GRACE_EXPIRED, SERVER_SHUTDOWN
 from streamlab.protocol.http_head import HTTPError
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
 from streamlab.server.events import Event
-from streamlab.server.jobs import Job, Jobs, Turn
+from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
 from streamlab.server.requests import GenerationRequest
 from streamlab.server.streams import EventStream
 
@@ -34,24 +40,43 @@ class Run:
     pieces are ``message`` events, the last one is ``end`` or ``error``.
     Readers ``follow`` the list, each from its own place, and wait on
     ``changed`` for more, so any number of them can read at once and none
-    holds up the model.
+    holds up the model. ``job`` is None while the run waits in line
+    (``ahead``: its place) and for ever if it left the line.
     """
 
-    job: Job
+    ticket: Ticket
+    job: Job | None = None
+    ahead: int | None = None
     events: list[tuple[str, Any]] = field(default_factory=list)
     ended: bool = False
     readers: int = 0
     grace_timer: asyncio.TimerHandle | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    over: asyncio.Event = field(default_factory=asyncio.Event)  # set with the last event
 
     @property
     def running(self) -> bool:
-        return not self.job.record.done
+        """Whether it may still make events: waiting in line, or generating."""
+        return not self.ended and not self.record.done
+
+    @property
+    def record(self) -> LogRecord:
+        return self.ticket.record
 
     def add(self, name: str, data: Any, *, last: bool = False) -> None:
         """Keep one more event and wake every reader waiting for it."""
         self.events.append((name, data))
         self.ended = self.ended or last
+        if last:
+            self.over.set()
+        self.wake()
+
+    def place(self, ahead: int | None) -> None:
+        """Its place in line changed (None: its turn came): tell the readers."""
+        self.ahead = ahead
+        self.wake()
+
+    def wake(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
@@ -64,14 +89,20 @@ class Run:
         The first event sent carries ``retry:``, so an ``EventSource`` knows how
         soon to reconnect after a drop.
         """
-        number = after
+        number, told, first = after, None, True
         while True:
             while number < len(self.events):
                 name, data = self.events[number]
                 number += 1
-                yield Event(data, name, id=number, retry=RETRY_MS if number == after + 1 else None)
+                yield Event(data, name, id=number, retry=RETRY_MS if first else None)
+                first = False
             if self.ended:
                 return
+            if self.job is None and self.ahead is not None and self.ahead != told:
+                told = self.ahead
+                yield Event({"ahead": told}, "queued", retry=RETRY_MS if first else None)
+                first = False
+                continue
             try:
                 await asyncio.wait_for(self.changed.wait(), ping_interval if ping_interval > 0 else None)
             except asyncio.TimeoutError:
@@ -97,6 +128,11 @@ class GenerationResource:
         return self.run.job if self.run is not None else None
 
     @property
+    def record(self) -> LogRecord | None:
+        """The latest run's ``/log`` record: from admission on, while it waits in line too."""
+        return self.run.record if self.run is not None else None
+
+    @property
     def events(self) -> list[tuple[str, Any]]:
         """The events a new reader can have without anything generated again (none with ``--forget``)."""
         return self.run.events if self.run is not None and self.keeps_events else []
@@ -107,15 +143,17 @@ class GenerationResource:
 
     @property
     def status(self) -> str:
-        """``waiting`` (``--forget``, before any reader), ``running`` or ``done``."""
+        """``waiting`` (``--forget``, before any reader), ``queued`` (in line), ``running`` or ``done``."""
         if self.run is None:
             return "waiting"
-        return "running" if self.running else "done"
+        if not self.running:
+            return "done"
+        return "queued" if self.run.job is None else "running"
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [("X-Generation-Id", self.id), ("X-Conversation-Id", self.turn.conversation_id)]
-        if self.job is not None:
-            headers.append(("X-Request-Id", self.job.record.id))
+        if self.run is not None:
+            headers.append(("X-Request-Id", self.run.record.id))
         return headers
 
     def finished_for(self, after: int | None) -> bool:
@@ -146,16 +184,25 @@ class Registry:
 
         The reader may take a moment to connect, or drop and come back, and
         nothing is lost in between. Admission is checked before the turn is
-        stored, so a refused request leaves nothing behind. With ``--forget``
-        nothing runs until a reader comes (each reader's own run is admitted then).
+        stored, so a refused request leaves nothing behind; one admitted to
+        the line has its turn stored now (the 201 names its conversation) and
+        its answer's row once it starts. With ``--forget`` nothing runs until
+        a reader comes (each reader's own run is admitted then).
         """
-        keeps = not self.config.forget
-        if keeps:
-            self.jobs.admit()
-        resource = GenerationResource(uuid.uuid4().hex, req, self.jobs.begin_turn(req), keeps_events=keeps)
+        generation_id = uuid.uuid4().hex
+        if self.config.forget:
+            resource = GenerationResource(generation_id, req, self.jobs.begin_turn(req), keeps_events=False)
+            self._remember(resource)
+            return resource
+        ticket = self.jobs.admit("/generations", req, generation_id=generation_id)
+        try:
+            turn = self.jobs.commit_ticket(ticket)
+        except BaseException:
+            self.jobs.leave(ticket, ERROR)
+            raise
+        resource = GenerationResource(generation_id, req, turn)
         self._remember(resource)
-        if keeps:
-            self.start_grace(self._run(resource, "/generations"))
+        self.start_grace(self._run(resource, ticket))
         return resource
 
     def _remember(self, resource: GenerationResource) -> None:
@@ -167,27 +214,43 @@ class Registry:
             for generation_id in over[:excess]:
                 del self.resources[generation_id]
 
-    def _run(self, resource: GenerationResource, path: str) -> Run:
-        """Start a generation of the resource's request, producing into a new run."""
-        job = self.jobs.start(path, resource.req, turn=resource.turn, generation_id=resource.id)
-        run = resource.run = Run(job)
+    def _run(self, resource: GenerationResource, ticket: Ticket) -> Run:
+        """A new run of the resource's request, admitted as ``ticket``: it produces now, or once its turn comes.
+
+        Given a slot at once, it starts here, before the 201 (or the stream)
+        goes out, so that they can name its answer's row.
+        """
+        run = resource.run = Run(ticket, ahead=ticket.ahead)
+        if not ticket.waiting:
+            run.job = self.jobs.start(ticket)
         task = asyncio.create_task(self._produce(run))
         self.producers.add(task)
         task.add_done_callback(self.producers.discard)
         return run
 
     async def _produce(self, run: Run) -> None:
-        """Turn each piece into a numbered event and store it, whether anyone reads or not."""
-        job = run.job
+        """Wait in line, then turn each piece into a numbered event and store it, whether anyone reads or not."""
+        jobs, ticket, job = self.jobs, run.ticket, run.job
         try:
+            if job is None:
+                async for ahead in jobs.in_queue(ticket, 0):  # its readers send their own keep-alives
+                    run.place(ahead)
+                if ticket.left is not None:
+                    return
+                job = run.job = jobs.start(ticket)
+                run.place(None)
             async for piece in job.generation.pieces():
                 job.answer.append(piece.text, piece.tokens)
                 job.record.pieces_sent += 1
                 run.add("message", {"text": piece.text})
         finally:
-            await self.jobs.finish(job)
+            if job is not None:
+                await jobs.finish(job)
+                name, data = job.ending()
+            else:
+                jobs.leave(ticket, SERVER_SHUTDOWN)  # only a cancelled producer still holds its place here
+                name, data = ticket.ending()
             self.cancel_grace(run)
-            name, data = job.ending()
             run.add(name, data, last=True)
 
     # -- readers ------------------------------------------------------------------
@@ -225,13 +288,15 @@ class Registry:
         Kept: the resource's one run, from where the reader left off. With
         ``--forget`` nothing was kept, so the reader gets a run of its own,
         from event 1, whatever it saw before (admitted like any request: 503
-        before the stream opens, if the server is full).
+        before the stream opens, if the line is full).
         """
         if resource.keeps_events:
             run, after = resource.run, after or 0
             assert run is not None
         else:
-            run, after = self._run(resource, f"/generations/{resource.id}/events"), 0
+            path = f"/generations/{resource.id}/events"
+            ticket = self.jobs.admit(path, resource.req, turn=resource.turn, generation_id=resource.id)
+            run, after = self._run(resource, ticket), 0
         run.readers += 1
         self.cancel_grace(run)
         return run, after
@@ -249,7 +314,7 @@ class Registry:
         if resource.keeps_events:
             self.start_grace(run)
         elif gone is not None and run.running:
-            self.jobs.stop(run.job, gone)
+            self.stop_run(run, gone)
 
     # -- the grace period, cancel, shutdown ------------------------------------------
 
@@ -257,20 +322,27 @@ class Registry:
         """Nobody is reading: unless a reader comes within ``--grace`` seconds, stop generating for nobody."""
         if run.running:
             loop = asyncio.get_running_loop()
-            run.grace_timer = loop.call_later(self.config.grace, self.jobs.stop, run.job, GRACE_EXPIRED)
+            run.grace_timer = loop.call_later(self.config.grace, self.stop_run, run, GRACE_EXPIRED)
 
     def cancel_grace(self, run: Run) -> None:
         if run.grace_timer is not None:
             run.grace_timer.cancel()
             run.grace_timer = None
 
+    def stop_run(self, run: Run, signal: str) -> None:
+        """Stop its generation, or, while it waits in line, take it out (it ends at once, nothing generated)."""
+        if run.job is not None:
+            self.jobs.stop(run.job, signal)
+        else:
+            self.jobs.leave(run.ticket, signal)
+
     async def cancel(self, resource: GenerationResource) -> None:
-        """The user pressed stop: stop the generation and wait (a little) until it has."""
-        job = resource.job
-        if job is not None and resource.running:
-            self.jobs.stop(job, CANCEL)
+        """The user pressed stop: stop the generation (or its wait in line) and wait (a little) until it has."""
+        run = resource.run
+        if run is not None and resource.running:
+            self.stop_run(run, CANCEL)
             try:
-                await asyncio.wait_for(job.over.wait(), 5.0)
+                await asyncio.wait_for(run.over.wait(), 5.0)
             except asyncio.TimeoutError:
                 pass
 

@@ -7,25 +7,27 @@ events, the ``: ping`` comments in the silences, the end of the body, and
 whether the connection outlives it: all here, once. Routes differ only in
 the *source* of events they plug in (a live generation, a kept list of
 numbered events) and in the wire format of each event (a ``Format``: see
-``formats.py``).
+``formats.py``). A reader who waits in line gets the head at once, then its
+place and keep-alives in its format's words (``place_teller``) until its turn.
 """
 
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from streamlab.protocol import sse
+from streamlab.protocol.endings import LEAVING_SIGNALS
 from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
 from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event, dumps
-from streamlab.server.jobs import Job, Jobs, delivered
+from streamlab.server.jobs import Job, Jobs, Ticket, delivered
 
 if TYPE_CHECKING:
     from streamlab.server.formats import Format
 
 # Event and dumps moved to events.py; named here too, so that imports from streams keep working.
-__all__ = ["Event", "EventStream", "dumps", "format_events"]
+__all__ = ["Event", "EventStream", "dumps", "format_events", "place_teller", "wait_in_line"]
 
 
 class EventStream:
@@ -54,6 +56,7 @@ class EventStream:
         self.headers = list(headers)
         self.accel_header = accel_header
         self.events_sent = 0
+        self.opened = False
 
     async def open(self) -> None:
         headers = [
@@ -68,6 +71,7 @@ class EventStream:
         if not self.keep_alive:
             headers.append(("Connection", "close"))
         # HTTP/1.0 has no chunked coding: the body is the bytes as they are, ending when we close.
+        self.opened = True
         await self.client.send(response_head(200, headers, chunked=not self.http10))
 
     def _frame(self, data: bytes) -> bytes:
@@ -79,6 +83,9 @@ class EventStream:
 
     async def ping(self) -> None:
         await self.client.send(self._frame(sse.encode_comment("ping")))
+
+    async def send_or_ping(self, event: Event | None) -> None:
+        await (self.ping() if event is None else self.send(event))
 
     async def pump(self, events: AsyncIterator[Event | None]) -> None:
         """The one streaming loop: each event as it comes, a ping for each ``None`` (a silence)."""
@@ -108,3 +115,39 @@ async def format_events(jobs: Jobs, job: Job, fmt: Format, ping_interval: float)
     await jobs.finish(job)
     for event in fmt.ending(job):
         yield event
+
+
+def place_teller(stream: EventStream, fmt: Format) -> Callable[[int | None], Awaitable[None]]:
+    """``Jobs.wait_turn``'s ``tell`` for an SSE reader: its place in the format's words, a keep-alive for ``None``.
+
+    streamlab's own events name the place (``event: queued``); OpenAI's and
+    Anthropic's have no word for it, so their readers get only keep-alives
+    (a comment, Anthropic's ``ping``) and their SDKs see nothing new.
+    """
+
+    async def tell(ahead: int | None) -> None:
+        if ahead is None:
+            await stream.send_or_ping(fmt.silence())
+        else:
+            for event in fmt.queued(ahead):
+                await stream.send(event)
+
+    return tell
+
+
+async def wait_in_line(jobs: Jobs, ticket: Ticket, stream: EventStream, fmt: Format) -> bool:
+    """A reader who must wait: the head now (so no hop's idle timeout cuts it), then its place, until its turn.
+
+    False when it left the line first; one still there but shut out (the
+    server is going away) is told so in its format, and its body ended.
+    """
+    if not ticket.waiting:
+        return ticket.left is None
+    await stream.open()
+    if await jobs.wait_turn(stream.client, ticket, place_teller(stream, fmt)):
+        return True
+    if ticket.left not in LEAVING_SIGNALS:
+        for event in fmt.unserved(ticket):
+            await stream.send(event)
+        await stream.close()
+    return False

@@ -5,6 +5,10 @@ request, a ping to answer, ``{"stop": true}``, a close frame, or EOF. In
 watching mode a task reads them while a generation streams; in naive mode
 nobody reads while generating, so pings go unanswered and stops go unheard.
 
+A request that must wait in line for its turn is told its place (``{"queued":
+true, "ahead": N}``, on arrival and at every change) and pinged in the
+silences; a close, EOF or ``{"stop": true}`` takes it out of line at once.
+
 Between requests the session bounds the silence, as python-websockets does:
 after ``ws_ping_interval`` quiet seconds it pings, and closes with 1011 when
 no pong comes within ``ws_ping_timeout`` (a peer that vanished); a peer that
@@ -24,10 +28,10 @@ from typing import Any, AsyncIterator
 
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import HTTPError
-from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
+from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, SERVER_SHUTDOWN, STOP_MESSAGE
 from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
-from streamlab.server.jobs import Job, Jobs, delivered, error_body
+from streamlab.server.jobs import Job, Jobs, Ticket, delivered, error_body
 from streamlab.server.requests import parse_generation_request
 from streamlab.server.events import dumps
 
@@ -59,6 +63,7 @@ class WebSocketSession:
         self.state = State.OPEN
         self.inbox: deque[str] = deque()  # request messages not yet served
         self.job: Job | None = None
+        self.ticket: Ticket | None = None  # the request waiting in line, until its generation starts
         self.peer_gone = False  # EOF or a failed write: nothing more can be sent either
         self.close_with: tuple[int, str] = (1000, "")
         self.next_id: str | None = first_id  # announced in the 101's X-Request-Id
@@ -142,14 +147,20 @@ class WebSocketSession:
         elif isinstance(event, ws.TextMessage):
             if not _is_stop(event.text):
                 self.inbox.append(event.text)
-            elif self.job is not None:
-                self.jobs.stop(self.job, STOP_MESSAGE)
+            else:
+                self._stop(STOP_MESSAGE)
 
     def lost(self, signal: str) -> None:
         """The peer will send nothing more: stop reading, and stop its generation."""
         self._end(1000)
+        self._stop(signal)
+
+    def _stop(self, signal: str) -> None:
+        """Stop the answer being sent, or take the request waiting in line out of it."""
         if self.job is not None:
             self.jobs.stop(self.job, signal)
+        elif self.ticket is not None:
+            self.jobs.leave(self.ticket, signal)
 
     @asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
@@ -178,25 +189,33 @@ class WebSocketSession:
         """Serve one request message; True if the client asked to keep the socket open for more."""
         try:
             req = parse_generation_request(text)
-            job = self.jobs.start("/ws", req, self.take_id())
-        except HTTPError as err:  # a bad request, a conversation_id we do not have, or the server is busy
+            ticket = self.ticket = self.jobs.admit("/ws", req, self.take_id())
+        except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
             await self.send_json(error_body(err.status, err.message))
             busy = err.status == 503
             code = TRY_AGAIN_LATER if busy else int(ws.CloseCode.POLICY_VIOLATION)
             self._end(code, "server busy" if busy else "bad request")
             return False
-        self.job = job
+        job = None
         try:
             async with self.watching():
-                await self._send_pieces(job)
+                if await self.jobs.wait_turn(None, ticket, self._tell_place):
+                    job = self.job = self.jobs.start(ticket)
+                    self.ticket = None
+                    await self._send_pieces(job)
         except ClientGone as gone:
-            self.jobs.stop(job, gone.signal)
+            self._stop(gone.signal)
             self.peer_gone = True
         finally:
-            self.job = None
-            await self.jobs.finish(job)
+            self.job = self.ticket = None
+            if job is not None:
+                await self.jobs.finish(job)
+            else:
+                self.jobs.leave(ticket, SERVER_SHUTDOWN)  # only a cancelled session still holds its place here
         if self.state is not State.OPEN:
             return False
+        if job is None:  # its turn never came: it said stop, or the server is going away
+            return await self._unserved(ticket, req.keep_open)
         name, ending = job.ending()
         if name == "error":
             await self.send_json({**ending, "id": job.record.id})
@@ -204,6 +223,23 @@ class WebSocketSession:
             return False
         await self.send_json({"done": True, **ending, "id": job.record.id})
         return req.keep_open
+
+    async def _tell_place(self, ahead: int | None) -> None:
+        if self.state is not State.OPEN:  # the peer sent CLOSE: no more data frames
+            return
+        if ahead is None:
+            await self.client.send(self.conn.send_ping(b"keepalive"))
+        else:
+            await self.send_json({"queued": True, "ahead": ahead})
+
+    async def _unserved(self, ticket: Ticket, keep_open: bool) -> bool:
+        name, ending = ticket.ending()
+        if name == "error":
+            await self.send_json({**ending, "id": ticket.record.id})
+            self._end(int(ws.CloseCode.GOING_AWAY), "server shutting down")
+            return False
+        await self.send_json({"done": True, **ending, "id": ticket.record.id})
+        return keep_open
 
     async def _send_pieces(self, job: Job) -> None:
         async for piece in delivered(job, self.config.ping_interval):

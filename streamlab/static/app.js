@@ -8,8 +8,13 @@
  * jump about while it grows. The model's text is untrusted: raw HTML in it is
  * shown as text, never run, and the rendered HTML passes an allowlist.
  *
+ * A server at its limit puts the answer in line: its `queued` events say how
+ * many are ahead, shown in #status as "waiting: N ahead of you" until the
+ * first piece comes.
+ *
  * Hooks for tests: #prompt #send #stop #answer #status #history,
- * document.body.dataset.state = idle | streaming | done, and window.streamlab.
+ * document.body.dataset.state = idle | streaming | done,
+ * document.body.dataset.ahead (while the answer waits in line), and window.streamlab.
  */
 (function () {
   "use strict";
@@ -276,6 +281,7 @@
     stopRequested: false,
     sentAt: 0,
     firstPieceAt: 0,
+    ahead: null, // readers ahead of this answer in the server's line; null when not waiting
     renderPending: false,
     poll: null,
   };
@@ -551,6 +557,26 @@
     setStatus(text);
   }
 
+  /** The server's line: its place now (sent on arrival and whenever it changes). */
+  function onQueued(event) {
+    if (state.ended || event.target !== state.source || state.firstPieceAt) return;
+    let ahead;
+    try {
+      ahead = JSON.parse(event.data).ahead;
+    } catch (err) {
+      return;
+    }
+    if (typeof ahead !== "number") return;
+    state.ahead = ahead;
+    els.body.dataset.ahead = String(ahead);
+    setStatus("waiting: " + ahead + " ahead of you", "wait");
+  }
+
+  function clearPlace() {
+    state.ahead = null;
+    delete els.body.dataset.ahead;
+  }
+
   function onPiece(event) {
     if (state.ended || event.target !== state.source) return;
     if (event.lastEventId) {
@@ -564,7 +590,10 @@
       return;
     }
     if (typeof piece !== "string") return;
-    if (!state.firstPieceAt) state.firstPieceAt = performance.now();
+    if (!state.firstPieceAt) {
+      state.firstPieceAt = performance.now();
+      clearPlace(); // its turn came: the status line says "Streaming…" from now on
+    }
     state.pieces.push(piece);
     state.text += piece;
     streamingStatus();
@@ -575,6 +604,7 @@
     const source = new EventSource(url);
     state.source = source;
     source.onmessage = onPiece;
+    source.addEventListener("queued", onQueued);
     source.addEventListener("end", (event) => {
       if (event.target !== state.source) return;
       source.close();
@@ -625,6 +655,7 @@
     state.ended = true;
     state.end = end;
     if (state.source) state.source.close();
+    clearPlace();
     forgetInflight();
     if (end.conversation_id && end.conversation_id !== state.conversationId) setConversation(end.conversation_id);
     const reason = end.stop_reason || (end.error ? "error" : null);  // the stored reason, as every end event says it
@@ -647,6 +678,7 @@
       generationId: null, source: null, text: "", pieces: [], seen: new Set(), end: null,
       ended: false, stopRequested: false, resumed: false, sentAt: performance.now(), firstPieceAt: 0,
     });
+    clearPlace();
     resetLiveTurn(prompt);
     setPageState("streaming");
   }
@@ -779,6 +811,7 @@
     get pieces() { return state.pieces; },
     get text() { return state.text; },
     get end() { return state.end; },
+    get ahead() { return state.ahead; },
     get state() { return els.body.dataset.state; },
     renderPartial: renderPartial,
     renderFinal: renderFinal,
