@@ -1,7 +1,7 @@
 """The model server: ``/complete``, ``/stream`` (SSE), ``/ws`` (WebSocket), ``/generations``; bare asyncio.
 
 No web framework: the lesson is the protocol written out. Every byte of
-protocol comes from the sans-IO modules (``http``, ``sse``, ``websocket``);
+protocol comes from the sans-IO modules of ``streamlab.protocol`` (``http_head``, ``sse``, ``websocket``);
 this package is the glue that reads from sockets, writes to them, and decides
 what to do when a reader goes away, and what to refuse from a stranger.
 
@@ -28,7 +28,8 @@ The modules, each one thing:
     connection.py         a client connection: reads with deadlines, writes with a timeout; serve until signalled
     requests.py           a generation request parsed and validated (pure)
     guards.py             Host allow-list, Origin, Content-Type: who may talk to us
-    jobs.py               turns, admission, generations, the /log, the stop vocabulary applied
+    jobs.py               turns, admission and the line of waiting readers, generations, the /log, the stop vocabulary applied
+    silence.py            Silence: a source's pieces, or a keep-alive when it has been quiet too long
     events.py             Event: one SSE event, what a Format makes and an EventStream sends
     streams.py            EventStream: the one SSE response every SSE route uses
     responses.py          whole responses, keep-alive, HEAD, static files
@@ -42,6 +43,8 @@ The modules, each one thing:
     queues.py             /debug/queues: the bytes waiting, per connection and generation, handed in by app
     app.py                the route table and thin handlers
     command.py            serve() and main(): python -m streamlab serve [--upstream URL]
+    store.py              SQLite: conversations, partial answers, their stop reasons, who owns a streaming one
+    store_schema.py       the file's tables, their migrations, the rows read back
 
     python -m streamlab serve --port 8000
 """
