@@ -173,3 +173,10 @@ def test_a_relay_behind_the_hop_turns_the_cut_into_an_error_the_sdk_raises(hop):
     with serving(UpstreamSource(hop.url)) as relay:
         result = ecosystem.read_openai(relay.url, LONG, model="fake")
     assert result.raised is not None and result.text == DEFAULT_SCRIPT[:CUT]
+
+
+def test_health_asks_the_upstream(relays, upstream):
+    """A relay is as well as its upstream: /health says which, and that it answers."""
+    health = client.get_json_sync(relays[False].port, "/health")
+    assert health["ok"] is True and health["upstream"] == {"url": f"http://127.0.0.1:{upstream.port}", "ok": True,
+                                                           "error": None}

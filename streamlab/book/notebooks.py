@@ -10,11 +10,19 @@ prints each chapter's headline line, then each chapter's time and the total
 share what they measured through ``build/runs/`` (``streamlab.book.chapter.recorded``):
 each run gets its own ``STREAMLAB_RUN_ID``, so a chapter can say that its data
 was recorded by an earlier chapter *in this run*.
+
+A run replaces only what it produced. What the user typed (``--only``,
+``-p``) is checked against the chapters before anything runs, and a mistake
+changes nothing under ``build/``; a chapter that fails keeps its previous
+results and time, is named in ``timings.json``'s ``failed``, and says where
+its partly executed notebook is, with the traceback in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import json
 import os
 import sys
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlab.book.chapter import BUILD, NOTEBOOKS, RUN_ID
+from streamlab.net.errors import ArgumentParser, UserError
 
 
 def chapters(folder: Path = NOTEBOOKS) -> list[Path]:
@@ -39,15 +48,32 @@ def execute(
     timeout: int = 1800,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Execute one notebook with papermill; return the figures it recorded."""
+    """Execute one notebook with papermill; return the figures it recorded.
+
+    The chapter's previous results file stays until this run has written its
+    own: a chapter that fails (or is interrupted) leaves the last good one in
+    place, so the report never loses a chapter to a failed rerun, and never
+    shows half a run's figures as a whole one's.
+    """
     out_dir = Path(out_dir)
     executed = out_dir / "notebooks" / notebook.name
     results = out_dir / "results" / f"{notebook.stem}.json"
     executed.parent.mkdir(parents=True, exist_ok=True)
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.unlink(missing_ok=True)
-    papermill_run(notebook, executed, results, parameters, timeout=timeout, progress=progress)
-    return json.loads(results.read_text(encoding="utf-8"))
+    kept = results.with_name(f".{results.name}.previous")  # not a chapter's name: the report never reads it
+    if results.exists():
+        os.replace(results, kept)
+    try:
+        papermill_run(notebook, executed, results, parameters, timeout=timeout, progress=progress)
+        figures = json.loads(results.read_text(encoding="utf-8"))
+    except BaseException:
+        if kept.exists():
+            os.replace(kept, results)
+        else:
+            results.unlink(missing_ok=True)
+        raise
+    kept.unlink(missing_ok=True)
+    return figures
 
 
 def papermill_run(
@@ -68,39 +94,117 @@ def papermill_run(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamlab run-notebooks", description=__doc__)
-    parser.add_argument("--only", action="append", default=[], help="run chapters whose name contains this (repeatable)")
-    parser.add_argument("--out", type=Path, default=BUILD, help="output folder (default: build/)")
-    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=JSON",
-                        help="a parameter for every chapter, e.g. -p model_name='\"Qwen/Qwen2.5-1.5B-Instruct\"'")
-    args = parser.parse_args(argv)
-    params = {}
-    for item in args.parameter:
-        name, _, value = item.partition("=")
+def parameter_names(notebook: Path) -> set[str]:
+    """The names a chapter's ``parameters`` cell assigns: the only ones a ``-p`` can change."""
+    cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+    names: set[str] = set()
+    for cell in cells:
+        if "parameters" not in cell.get("metadata", {}).get("tags", []):
+            continue
+        for node in ast.parse("".join(cell.get("source", ""))).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def parse_parameters(items: list[str], known: set[str]) -> dict[str, Any]:
+    """``-p NAME=JSON`` items as a dict; a ``UserError`` for a malformed one or a NAME no chapter has.
+
+    papermill injects any name it is given, so a misspelt one (``max_tokns``)
+    would run the whole book with the default it meant to change.
+    """
+    params: dict[str, Any] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            raise UserError(f"-p {item!r}: give NAME=VALUE, e.g. -p max_tokens=20")
         try:
             params[name] = json.loads(value)
         except json.JSONDecodeError:
             params[name] = value
-    selected = [nb for nb in chapters() if not args.only or any(o in nb.name for o in args.only)]
+    unknown = sorted(set(params) - known)
+    if unknown:
+        close = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
+        hints = "; ".join(f"{n!r} (did you mean {c[0]!r}?)" if c else repr(n) for n, c in close.items())
+        raise UserError(f"no chapter has the parameter {hints}: the parameters are {', '.join(sorted(known))}")
+    return params
+
+
+def select(all_chapters: list[Path], only: list[str]) -> list[Path]:
+    """The chapters ``--only`` names (each value a part of a name), all of them without; a ``UserError`` for a miss."""
+    missing = [o for o in only if not any(o in nb.name for nb in all_chapters)]
+    if missing:
+        names = ", ".join(nb.stem for nb in all_chapters)
+        raise UserError(f"no chapter matches --only {' '.join(missing)}: the chapters are {names}")
+    return [nb for nb in all_chapters if not only or any(o in nb.name for o in only)]
+
+
+def failure(nb: Path, executed: Path, err: BaseException) -> str:
+    """One line for a chapter that failed: which cell, what it raised, where its partly executed copy is."""
+    where = f"in cell [{err.exec_count}]" if getattr(err, "exec_count", None) is not None else ""
+    what = (f"{err.ename}: {err.evalue}" if hasattr(err, "ename") else f"{type(err).__name__}: {err}")
+    what = " ".join(what.split())
+    copy = f"its partly executed notebook: {executed}" if executed.is_file() else f"it wrote no notebook ({executed})"
+    return f"chapter {nb.stem} failed{' ' + where if where else ''}: {what[:300]}; {copy}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="python -m streamlab run-notebooks",
+        description="Execute the chapters in order with papermill, each in a fresh kernel: the executed copies in"
+        " OUT/notebooks/, the recorded figures in OUT/results/, the charts in OUT/figures/; then print each"
+        " headline and time (OUT/results/timings.json) and write OUT/report.html. A chapter that fails keeps"
+        " its previous results and timing, and the run stops there, naming its partly executed notebook.",
+    )
+    parser.add_argument("--only", action="append", default=[],
+                        help="run the chapters whose name contains this (repeatable); one that matches none is refused")
+    parser.add_argument("--out", type=Path, default=BUILD, help="output folder (default: build/)")
+    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=JSON",
+                        help="a parameter for every chapter, e.g. -p model_name='\"Qwen/Qwen2.5-1.5B-Instruct\"';"
+                        " NAME must be one a chapter's parameters cell assigns")
+    args = parser.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} is a file: name a folder (default: build/)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Everything the user typed is checked before anything is run or written.
+    all_chapters = chapters()
+    selected = select(all_chapters, args.only)
+    params = parse_parameters(args.parameter, set().union(*(parameter_names(nb) for nb in all_chapters)))
     os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
-    headlines, seconds = [], {}
+    headlines, seconds, failed = [], {}, {}
     for nb in selected:
         print(f"==> {nb.name}", flush=True)
         started = time.perf_counter()
-        figures = execute(nb, parameters=params, out_dir=args.out, progress=True)
+        executed = args.out / "notebooks" / nb.name
+        try:
+            figures = execute(nb, parameters=params, out_dir=args.out, progress=True)
+        except Exception as err:  # noqa: BLE001 - a chapter's own failure: said in one line, the run stops here
+            failed[nb.stem] = {"seconds": round(time.perf_counter() - started, 1), "notebook": str(executed),
+                               "error": failure(nb, executed, err)}
+            break
         seconds[nb.stem] = time.perf_counter() - started
-        print(f"    done in {seconds[nb.stem]:.0f} s -> {args.out / 'notebooks' / nb.name}", flush=True)
+        print(f"    done in {seconds[nb.stem]:.0f} s -> {executed}", flush=True)
         headlines.append(figures["headline"])
     print("\nstreamlab headlines")
     for line in headlines:
         print(f"  {line}")
     print()
-    print(timing_table(seconds))
-    write_timings(seconds, args.out / "results" / "timings.json", parameters=params)
+    if seconds:
+        print(timing_table(seconds))
+    write_timings(seconds, args.out / "results" / "timings.json", parameters=params, failed=failed)
     from streamlab.book.report import write_report
 
     print(f"\nthe run in one page: {write_report(args.out)} (figures in {args.out / 'figures'}/)")
+    if failed:
+        (error,) = (f["error"] for f in failed.values())
+        print(f"streamlab run-notebooks: {error}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -112,13 +216,30 @@ def timing_table(seconds: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def write_timings(seconds: dict[str, float], path: Path, *, parameters: dict[str, Any] | None = None) -> None:
-    """``build/results/timings.json``: seconds per chapter (with the papermill kernel's start), the total, the machine."""
+def write_timings(seconds: dict[str, float], path: Path, *, parameters: dict[str, Any] | None = None,
+                  failed: dict[str, dict[str, Any]] | None = None) -> None:
+    """``build/results/timings.json``: seconds per chapter (with the papermill kernel's start), the total, the machine.
+
+    Merged into what the file held: a chapter this run did not time (not
+    selected, or failed) keeps the time of the last run that did, so a rerun
+    of one chapter, or a failed one, loses nobody's time. ``failed`` names
+    the chapters whose last run failed (how long it ran, its error, its
+    partly executed notebook); ``this_run`` the ones timed now.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = {}
+    times = {**(before.get("chapters") or {}), **{name: round(s, 1) for name, s in seconds.items()}}
+    failures = {name: f for name, f in (before.get("failed") or {}).items() if name not in seconds}
+    failures.update(failed or {})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     path.write_text(json.dumps({
-        "chapters": {name: round(s, 1) for name, s in seconds.items()},
-        "total": round(sum(seconds.values()), 1),
+        "chapters": times,
+        "total": round(sum(times.values()), 1),
+        "this_run": list(seconds),
+        "failed": failures,
         "cpus": os.cpu_count(),
         "load_average_at_end": None if load is None else round(load, 2),
         "parameters": parameters or {},

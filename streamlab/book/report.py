@@ -14,7 +14,6 @@ It reads only what the run left behind: ``results/NN_name.json`` (written by
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamlab.book.chapter import BUILD
+from streamlab.net.errors import ArgumentParser, UserError
 
 # Each chapter's key figure: the start of its file name after the NN- order prefix (the slug of its title).
 # A chapter not listed here, or whose figure is missing, shows its first figure.
@@ -237,11 +237,20 @@ def screenshot(page: Path, png: Path, *, width: int = 1100, max_height: int = 16
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamlab report", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="python -m streamlab report",
+        description="One page of the whole run, OUT/report.html: each chapter's headline, its key figure, and the"
+        " original write-up's figure beside ours. It reads only what the run left: OUT/results/ and OUT/figures/.",
+    )
     parser.add_argument("--out", type=Path, default=BUILD, help="the run's folder (default: build/)")
     parser.add_argument("--screenshot", type=Path, default=None, help="also photograph the page (headless Chromium)")
     parser.add_argument("--skip-if-unavailable", action="store_true", help="no Chromium: say so and exit 0")
     args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        raise UserError(f"--out {args.out} is {'a file' if args.out.exists() else 'not there'}: name the folder a run"
+                        " wrote (default: build/; python -m streamlab run-notebooks makes it)")
+    if args.screenshot is not None and args.screenshot.is_dir():
+        raise UserError(f"--screenshot {args.screenshot} is a folder: name the PNG file to write")
     path = write_report(args.out)
     print(f"streamlab report: wrote {path}")
     if args.screenshot:

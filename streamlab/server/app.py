@@ -17,6 +17,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable
 
+from streamlab.net.errors import listen_error
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import HTTPError, Request
 from streamlab.protocol.endings import INCOMPLETE_REASONS, SERVER_SHUTDOWN
@@ -24,10 +25,10 @@ from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone
-from streamlab.server.sources import source_for
+from streamlab.server.sources import gateway_failure, source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
-from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, busy, title
+from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, busy, error_body, title
 from streamlab.server.requests import GenerationRequest, last_event_id, parse_generation_request
 from streamlab.server.resumable import Registry
 from streamlab.server.streams import EventStream, format_events, wait_in_line
@@ -102,23 +103,61 @@ class Server:
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def start(self) -> int:
-        """Open the store, close what a crash left open, bind and listen; return the port."""
+    async def bind(self) -> int:
+        """Bind the port, then open the store (closing what a crash left open); accept nothing yet. The port.
+
+        What a user can get wrong at the command line (a port in use, a data
+        folder that cannot hold the file) fails here, as a ``UserError``: the
+        ``serve`` command binds before it loads a model, so a busy port costs
+        a fraction of a second and leaves no database file behind.
+        """
+        if self._listener is not None:
+            return self.port
         self.loop = asyncio.get_running_loop()
-        self._store = Store(self.config.db_path, flush_interval=self.config.flush_interval)
+        host, port = self.config.host, self.config.port
+        try:
+            self._listener = await asyncio.start_server(self._on_connect, host, port, limit=65536,
+                                                        backlog=self.config.backlog, start_serving=False)
+        except OSError as err:
+            told = listen_error(err, host, port)
+            if told is None:
+                raise
+            raise told from err
+        self.port = self._listener.sockets[0].getsockname()[1]
+        self.guards = Guards(self.port, self.config.allowed_hosts, self.config.allowed_origins)
+        try:
+            self._store = Store(self.config.db_path, flush_interval=self.config.flush_interval)
+        except BaseException:
+            self._listener.close()
+            self._listener = None
+            raise
         recovered = self._store.recover_interrupted()
         print(
             f"streamlab: store {self._store.path}: {recovered} answer(s) left streaming by a crash marked interrupted",
             file=sys.stderr,
             flush=True,
         )
+        return self.port
+
+    async def start(self, lm: Any = None) -> int:
+        """Bind (unless ``bind`` did), start the source, then accept connections; return the port.
+
+        ``lm``: the model, when it was loaded after ``bind`` (``Server(None)``, then ``start(lm)``).
+        """
+        if lm is not None:
+            self.source = source_for(lm)
+        await self.bind()
+        assert self._listener is not None and self._store is not None
         await self.source.start()
         self.jobs = Jobs(self.source, self.config, self._store)
         self.registry = Registry(self.jobs, self.config)
-        self._listener = await asyncio.start_server(self._on_connect, self.config.host, self.config.port, limit=65536,
-                                                    backlog=self.config.backlog)
-        self.port = self._listener.sockets[0].getsockname()[1]
-        self.guards = Guards(self.port, self.config.allowed_hosts, self.config.allowed_origins)
+        try:
+            await self._listener.start_serving()
+        except OSError as err:  # Linux lets two sockets bind one port with SO_REUSEADDR: the second to listen fails
+            told = listen_error(err, self.config.host, self.config.port)
+            if told is None:
+                raise
+            raise told from err
         return self.port
 
     @property
@@ -291,6 +330,9 @@ class Server:
             if job.record.client_left:
                 return False
             status, body = fmt.whole(job)
+            failure = gateway_failure(job.generation) if status >= 500 else None
+            if failure is not None:
+                return await self._gateway_refusal(client, request, job, failure)
             if status >= 500:
                 await responses.refuse(client, status, "", job.headers(), lambda *_: body)
                 return False
@@ -318,6 +360,9 @@ class Server:
             if not await wait_in_line(jobs, ticket, stream, fmt):
                 return False
             job = jobs.start(ticket)
+            failure = None if stream.opened else await self._upstream_failure(client, job)
+            if failure is not None:
+                return await self._gateway_refusal(client, request, job, failure)
             async with jobs.watching(client, job):
                 if not stream.opened:
                     stream.headers = job.headers()
@@ -329,6 +374,27 @@ class Server:
         finally:
             await self._done_with(ticket, job)
         return stream.keep_alive and job is not None and job.record.stop_signal is None
+
+    async def _upstream_failure(self, client: ClientConnection, job: Job) -> tuple[int, str] | None:
+        """A relay opens its stream once its upstream has answered, so that a failure there gets a status of its own.
+
+        A model in this process has nothing to wait for.
+        """
+        answered = getattr(job.generation, "answered", None)
+        if answered is None:
+            return None
+        async with self.jobs.watching(client, job):
+            await answered()
+        return gateway_failure(job.generation)
+
+    async def _gateway_refusal(self, client: ClientConnection, request: Request, job: Job,
+                               failure: tuple[int, str]) -> bool:
+        """The upstream failed, not this server: say so as a gateway does (502, 504...), in the route's API."""
+        status, message = failure
+        errors = error_format(request.path) or (lambda code, text: {**error_body(code, text), "id": job.record.id,
+                                                                     **job.ids()})
+        await responses.refuse(client, status, message, job.headers(), errors)
+        return False
 
     async def _done_with(self, ticket: Ticket, job: Job | None) -> None:
         """A handler's last word on its request: the generation's finish, or its place in line given up.
@@ -435,11 +501,15 @@ class Server:
         return await responses.respond_json(client, request, asdict(record))
 
     async def health(self, client: ClientConnection, request: Request) -> bool:
-        """``GET /health``: up, which model, which mode, how busy (running, and waiting in line)."""
+        """``GET /health``: up, which model, which mode, how busy (running, and waiting in line); a relay's upstream."""
         config, jobs = self.config, self.jobs
         body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": config.naive,
                 "active": len(jobs.running), "max_active": config.max_active, "admission": config.admission,
                 "waiting": len(jobs.queue), "max_waiting": config.max_waiting, "left_queue": jobs.left_queue}
+        upstream = getattr(self.source, "health", None)
+        if upstream is not None:  # a relay is only as well as what it relays to: ask it now
+            body["upstream"] = await upstream()
+            body["ok"] = body["upstream"]["ok"]
         return await responses.respond_json(client, request, body)
 
     async def debug_queues(self, client: ClientConnection, request: Request) -> bool:

@@ -1,13 +1,15 @@
-"""``python -m streamlab serve``: load the model (or name an upstream, or a scripted rate), serve until signalled."""
+"""``python -m streamlab serve``: bind the port, open the store, load the model (or name an upstream, or a scripted
+rate), serve until signalled."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import sys
 from contextlib import redirect_stdout
-from typing import Any
+from typing import Any, Callable
 
 from streamlab.server.app import Server
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
@@ -20,9 +22,17 @@ SPARE_FILES = 64  # descriptors besides the connections: the store, the listener
 
 async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = False) -> int:
     """Listen until SIGINT, SIGTERM (or stdin EOF); then stop everything and return 0."""
-    raise_open_files_limit(config.max_connections + SPARE_FILES)
-    server = Server(lm, config)
-    await server.start()
+    return await _serve(Server(lm, config), None, exit_on_stdin_eof=exit_on_stdin_eof)
+
+
+async def _serve(server: Server, lm: Any, *, exit_on_stdin_eof: bool) -> int:
+    """Start ``server`` (with ``lm`` when it was loaded after binding), serve until signalled, shut down."""
+    raise_open_files_limit(server.config.max_connections + SPARE_FILES)
+    try:
+        await server.start(lm)
+    except BaseException:
+        await server.shutdown()  # the port and the store, when bind() had opened them
+        raise
     # Everything loaded so far (torch, the model, every module) lives as long as the process. Frozen,
     # the garbage collector's full passes skip it: unfrozen, each one walked ~170,000 objects and held
     # every stream still for ~0.1 s (chapter 11's benchmark saw it as its worst gaps between events).
@@ -30,6 +40,33 @@ async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = Fals
     await serve_until_signalled(server.url, exit_on_stdin_eof=exit_on_stdin_eof)
     await server.shutdown()
     return 0
+
+
+def bind_load_serve(server: Server, load: Callable[[], Any] | None, *, exit_on_stdin_eof: bool) -> int:
+    """Bind the port and open the store, then load the model (``load``), then serve: in that order.
+
+    The port and the store are what a user gets wrong at the command line (a
+    port in use, a folder that cannot hold the file), so they fail first, in
+    a fraction of a second, not after seconds spent on a model that would go
+    unused. The model loads between two runs of the loop, not inside one: an
+    asyncio run defers Ctrl-C until the running code awaits, which a load
+    never does, so the reader's Ctrl-C would wait for the whole load.
+    """
+    runner_type = getattr(asyncio, "Runner", None)
+    if runner_type is None:  # Python 3.10: asyncio.run installs no SIGINT handler, so a load inside it still stops
+        async def everything() -> int:
+            await server.bind()
+            return await _serve(server, load() if load is not None else None, exit_on_stdin_eof=exit_on_stdin_eof)
+
+        return asyncio.run(everything())
+    with runner_type() as runner:
+        runner.run(server.bind())
+        try:
+            lm = load() if load is not None else None
+        except BaseException:
+            runner.run(server.shutdown())
+            raise
+        return runner.run(_serve(server, lm, exit_on_stdin_eof=exit_on_stdin_eof))
 
 
 def raise_open_files_limit(needed: int) -> int:
@@ -52,19 +89,29 @@ def raise_open_files_limit(needed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m streamlab serve``: load the model once (or, with ``--upstream`` or ``--scripted-rate``, none), then serve."""
-    from streamlab.model.loading import load_model
-
+    """``python -m streamlab serve``: bind, open the store, load the model once (or, with ``--upstream`` or
+    ``--scripted-rate``, none), then serve."""
     args = parse_args(argv)
+    load = None
     if args.scripted_rate is not None:
         engine: Any = ScriptedEngine(args.scripted_rate)
         print(f"streamlab: no model: a scripted source, {engine.name}", file=sys.stderr, flush=True)
     elif args.upstream:
-        engine = UpstreamSource(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"))
+        engine = UpstreamSource(args.upstream, args.upstream_model, os.environ.get("STREAMLAB_UPSTREAM_KEY"),
+                                reachable_at_start=True)
         print(f"streamlab: relaying to {engine.url}", file=sys.stderr, flush=True)
     else:
-        with redirect_stdout(sys.stderr):  # stdout carries one line only: the one the runner waits for
-            engine = load_model(args.model)
-        print(f"streamlab: model {engine.name} on {engine.device} (loaded in {engine.load_seconds:.1f} s),"
-              f" generations: {args.engine}", file=sys.stderr, flush=True)
-    return asyncio.run(serve(engine, config_from_args(args), exit_on_stdin_eof=args.exit_on_stdin_eof))
+        engine, load = None, functools.partial(load_and_say, args.model, args.engine)
+    server = Server(engine, config_from_args(args))
+    return bind_load_serve(server, load, exit_on_stdin_eof=args.exit_on_stdin_eof)
+
+
+def load_and_say(name: str | None, engine: str) -> Any:
+    """Load the model (stdout kept for the one line the runner waits for) and say what was loaded."""
+    from streamlab.model.loading import load_model
+
+    with redirect_stdout(sys.stderr):
+        lm = load_model(name)
+    print(f"streamlab: model {lm.name} on {lm.device} (loaded in {lm.load_seconds:.1f} s), generations: {engine}",
+          file=sys.stderr, flush=True)
+    return lm

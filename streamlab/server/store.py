@@ -63,6 +63,7 @@ from streamlab.protocol.endings import (
     STOPPED,
     stop_reason_for,
 )
+from streamlab.server.store_file import CHOOSE, UserError, make_folder, opening
 from streamlab.server.store_schema import (
     _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
     STALE_AFTER_MIN_S, STALE_FLUSHES, STREAMING, Conversation, Lease, Message, Owner, _lease, _message,
@@ -113,7 +114,7 @@ class Store:
         owner: Owner | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path)  # a file in the way, or no right to make it: a UserError naming the path
         self.flush_interval = float(flush_interval)
         self.clock = clock
         self.owner = owner or Owner.this_process()
@@ -121,21 +122,19 @@ class Store:
         self._last_sweep = clock()
         self._lock = threading.Lock()
         self._writers: weakref.WeakSet[AnswerWriter] = weakref.WeakSet()
-        # isolation_level=None: no hidden BEGIN; every transaction here is spelled out.
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            self.path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
-        )
-        conn = self._conn
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        # WAL is a property of the file (it persists); synchronous is per connection.
-        self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        try:
+        self._conn: sqlite3.Connection | None = None
+        with opening(self.path, self.close):  # closed on any failure; SQLite's, told with the path (store_file)
+            # isolation_level=None: no hidden BEGIN; every transaction here is spelled out.
+            self._conn = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            conn = self._conn
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # WAL is a property of the file (it persists); synchronous is per connection. Not SQLite: fails here.
+            self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()
-        except BaseException:
-            self.close()
-            raise
 
     def _migrate(self) -> None:
         """Bring the file up to ``SCHEMA_VERSION``, in one transaction.
@@ -146,9 +145,9 @@ class Store:
         with self._transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path} has schema version {version}; this streamlab knows "
-                    f"up to {SCHEMA_VERSION}. Upgrade streamlab to open it."
+                raise UserError(
+                    f"the store {self.path} has schema version {version}; this streamlab knows "
+                    f"up to {SCHEMA_VERSION}: upgrade streamlab to open it, or {CHOOSE}"
                 )
             for number in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[number - 1]:

@@ -11,6 +11,13 @@ The abort is propagated: ``stop()`` aborts the connection at once, so the
 upstream reads EOF (or a reset) and, if it watches its socket (vLLM, llama.cpp's
 server and streamlab do), stops generating for a reader who is gone. A stream that
 ends before its ``finish_reason`` or ``[DONE]`` is an error, never a short answer.
+
+A failure here is the upstream's, not ours, and the status our reader gets
+says so, as a gateway's does (nginx's): ``gateway_status`` is 504 when the
+upstream did not answer in time, 502 when it could not be reached or broke
+its answer, and the upstream's own status when it refused the request itself
+(a 4xx other than an authentication failure, which is the relay's
+configuration, not the reader's request).
 """
 
 from __future__ import annotations
@@ -38,8 +45,22 @@ AFTER_FINISH_TIMEOUT = 5.0  # after finish_reason, how long to wait for the usag
 FINISH_REASONS = {"stop": EOS, "length": MAX_TOKENS, "tool_calls": EOS, "function_call": EOS}
 
 
+BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
+# An upstream's refusal that is the relay's doing (its key, its proxy), not the reader's request: a 502 for them.
+RELAY_FAULTS = {401, 403, 407}
+
+
 class UpstreamError(Exception):
-    """Why an upstream exchange failed, worded for the result's ``error``."""
+    """Why an upstream exchange failed, worded for the result's ``error``; ``status``: what our reader is told."""
+
+    def __init__(self, message: str, status: int = BAD_GATEWAY) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def status_for(upstream_status: int) -> int:
+    """What our reader is told when the upstream answered ``upstream_status``: its 4xx, else 502."""
+    return upstream_status if 400 <= upstream_status < 500 and upstream_status not in RELAY_FAULTS else BAD_GATEWAY
 
 
 class _Stopped(Exception):
@@ -80,7 +101,10 @@ class UpstreamGeneration(PieceSource):
     Besides it: ``finish_reason`` (the upstream's raw value), ``upstream_status``
     (the status it answered, None before or without an answer), ``usage`` (its
     last usage object), ``closed_upstream_at`` (``perf_counter`` time at which
-    ``stop()`` closed the connection before the stream ended), ``url``.
+    ``stop()`` closed the connection before the stream ended), ``url``, and
+    ``gateway_status`` (what a reader should be told of a failure that was the
+    upstream's: 502, 504 or its own 4xx; None while it runs, after a success,
+    a stop, or a failure of our own).
     """
 
     def __init__(
@@ -110,9 +134,11 @@ class UpstreamGeneration(PieceSource):
         self.result: GenerationResult | None = None
         self.finish_reason: str | None = None
         self.upstream_status: int | None = None
+        self.gateway_status: int | None = None
         self.usage: dict | None = None
         self.closed_upstream_at: float | None = None
         self.done: asyncio.Event | None = None
+        self._answered: asyncio.Event | None = None  # set once the upstream's 2xx head is in
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,6 +157,7 @@ class UpstreamGeneration(PieceSource):
             return self
         self._loop = loop or asyncio.get_running_loop()
         self._queue, self.done, self._stop_event = PieceQueue(), asyncio.Event(), asyncio.Event()
+        self._answered = asyncio.Event()
         self._task = self._loop.create_task(self._run())
         return self
 
@@ -142,6 +169,23 @@ class UpstreamGeneration(PieceSource):
     def stopping(self) -> bool:
         return self._stopping
 
+    async def answered(self) -> None:
+        """Wait until the upstream has sent a 2xx head, or the exchange is over (failed or stopped).
+
+        A relay opens its own stream only then, so that an upstream that is
+        down, or refuses, can still be told with a status of its own (502,
+        504...) rather than as an error inside a 200 stream.
+        """
+        assert self.done is not None and self._answered is not None, "start() first"
+        if self.done.is_set() or self._answered.is_set():
+            return
+        waits = [asyncio.ensure_future(self.done.wait()), asyncio.ensure_future(self._answered.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     def _abort(self) -> None:
         assert self._stop_event is not None
         self._stop_event.set()
@@ -152,7 +196,7 @@ class UpstreamGeneration(PieceSource):
     # -- the task --------------------------------------------------------------
     async def _run(self) -> None:
         started = time.perf_counter()
-        reason, error = ERROR, None
+        reason, error, status = ERROR, None, None
         try:
             reason = await self._exchange()
         except _Stopped:
@@ -165,13 +209,14 @@ class UpstreamGeneration(PieceSource):
             if self._stopping:
                 reason = STOPPED
             elif isinstance(exc, UpstreamError):
-                error = str(exc)
+                error, status = str(exc), exc.status
             elif isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
                 error = f"upstream {self.url} timed out: nothing came for {self.read_timeout:g} s"
+                status = GATEWAY_TIMEOUT
             elif isinstance(exc, HTTPError):
-                error = f"malformed answer from upstream {self.url}: {exc.message}"
+                error, status = f"malformed answer from upstream {self.url}: {exc.message}", BAD_GATEWAY
             elif isinstance(exc, OSError):
-                error = f"upstream {self.url} failed: {type(exc).__name__}: {exc}"
+                error, status = f"upstream {self.url} failed: {type(exc).__name__}: {exc}", BAD_GATEWAY
             else:
                 error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -179,6 +224,7 @@ class UpstreamGeneration(PieceSource):
                 self._abort()  # closed_upstream_at, unless the stream had ended
             elif self._writer is not None:
                 self._writer.close()  # FIN: after an error or a timeout, the upstream stops too
+            self.gateway_status = status if reason == ERROR else None
             self._finish(reason, error, started)
 
     def _finish(self, reason: str, error: str | None, started: float) -> None:
@@ -231,7 +277,8 @@ class UpstreamGeneration(PieceSource):
                 raise  # our own task is being cancelled, not only the connect
             if self._stopping:
                 raise _Stopped from None
-            raise UpstreamError(f"could not connect to upstream {self.url} within {self.connect_timeout:g} s") from None
+            raise UpstreamError(f"could not connect to upstream {self.url} within {self.connect_timeout:g} s",
+                                GATEWAY_TIMEOUT) from None
         except OSError as exc:
             if self._stopping:
                 raise _Stopped from None
@@ -267,6 +314,9 @@ class UpstreamGeneration(PieceSource):
                 rest, parser = parser.rest, ResponseHeadParser()
                 response = parser.feed(rest)
         self.upstream_status = response.status
+        if 200 <= response.status < 300:
+            assert self._answered is not None
+            self._answered.set()
         body = BodyReader(response, "POST")
         first = parser.rest
         if not 200 <= response.status < 300:
@@ -274,7 +324,7 @@ class UpstreamGeneration(PieceSource):
             while not body.done and len(raw) < MAX_ERROR_BODY and (data := await self._read()):
                 raw += b"".join(body.feed(data))
             status = f"{response.status} {response.reason}".strip()
-            raise UpstreamError(f"upstream answered {status}: {_error_message(raw)}")
+            raise UpstreamError(f"upstream answered {status}: {_error_message(raw)}", status_for(response.status))
         coding = [c for c in list_tokens(response.header("content-encoding")) if c != "identity"]
         if coding:
             raise UpstreamError(f"upstream answered with Content-Encoding {', '.join(coding)}, which we did not ask for")
