@@ -16,7 +16,7 @@ import time
 
 import h11
 import pytest
-from streamlab.client import timed as client
+from streamlab import client
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import parse_response_head
@@ -217,7 +217,6 @@ def test_stream_arrives_piece_by_piece(app):
     end = trace.events[-2].data
     assert end == {
         "stop_reason": "max_tokens",
-        "stored_reason": "max_tokens",
         "tokens": 30,
         "incomplete": True,
         "conversation_id": trace.headers["x-conversation-id"],
@@ -643,4 +642,4 @@ def test_sigterm_mid_stream_exits_zero_promptly(fresh_server):
     assert time.monotonic() - started < 5
     thread.join(10)
     trace = result["trace"]
-    assert trace.stop_reason == "stopped" or not trace.complete
+    assert trace.stop_reason == "interrupted" or not trace.complete
