@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from streamlab.net.errors import UserError
 from fakes import FakeLM
 from inprocess import serving
 from streamlab import client
@@ -240,7 +241,7 @@ def test_the_policy_is_a_server_option_with_named_defaults():
     assert (config.max_queued, config.slow_reader_timeout) == (None, None)  # 0: no limit
     config = config_from_args(parse_args(["--max-queued", "32", "--slow-reader-timeout", "2.5"]))
     assert (config.max_queued, config.slow_reader_timeout) == (32, 2.5)
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
         parse_args(["--max-queued", "-1"])
 
 

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from streamlab.net.errors import UserError
 from streamlab.net.aio import run_sync
 from streamlab.model.batching import MAX_HOLES, BatchedEngine, can_batch
 from streamlab.model.generation import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED, Generation, encode_prompt
@@ -221,7 +222,7 @@ def test_the_engine_flag():
     assert config_from_args(parse_args([])).engine == ENGINE == ServerConfig().engine
     assert config_from_args(parse_args(["--engine", "batched"])).engine == "batched"
     assert config_from_args(parse_args(["--engine", "threads"])).engine == "threads"
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
         parse_args(["--engine", "magic"])
 
 

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from streamlab.net.errors import UserError
 from streamlab import client
 from streamlab.lab.between import Bill
 from streamlab.hops.function_platform import Billing, busy_time, parse_args, platform_command
@@ -97,11 +98,11 @@ def test_command_line_streams_by_default_and_checks_its_numbers():
     args = parse_args(["--upstream", "8000", "--max-duration", "2"])
     assert (args.upstream, args.block, args.max_duration, args.error_event, args.buffer_response) == (8000, 1, 2.0, False, False)
     assert args.memory_mb == 1024
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
         parse_args(["--upstream", "8000", "--max-duration", "0"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
         parse_args(["--upstream", "8000"])  # a platform without a limit is just a proxy
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
         parse_args(["--upstream", "8000", "--max-duration", "2", "--error-event", "--gzip", "flush"])
     command = platform_command("--upstream", "1")
     assert command[1:] == ["-m", "streamlab", "platform", "--port", "0", "--exit-on-stdin-eof", "--upstream", "1"]

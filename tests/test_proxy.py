@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from streamlab.net.errors import UserError
 from streamlab.protocol.http_head import (
     LAST_CHUNK,
     BodyReader,
@@ -739,7 +740,7 @@ def test_upstream_argument_takes_a_port_or_a_url(argv, host, port):
 def test_bad_arguments_are_refused():
     for argv in (["--upstream", "http://nowhere"], ["--upstream", "1", "--block", "0"], [],
                  ["--upstream", "1", "--cut-after", "0"]):
-        with pytest.raises(SystemExit):
+        with pytest.raises(UserError):  # one line, exit 2, from the cli wrapper
             parse_args(argv)
 
 

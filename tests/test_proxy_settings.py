@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from streamlab.net.errors import UserError
 from streamlab.hops import function_platform, proxy
 from streamlab.hops import settings as hops
 from streamlab.hops.function_platform import Billing
@@ -127,11 +128,11 @@ def test_the_proxy_constants_are_the_declared_ones():
     ("platform", ["--max-duration", "2"], "--upstream"),
     ("platform", ["--upstream", "8000"], "--max-duration"),  # a platform without a limit is just the proxy
 ])
-def test_a_required_flag_is_required(program, argv, flag, capsys):
+def test_a_required_flag_is_required(program, argv, flag):
     module, _ = PROGRAMS[program]
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError) as refused:  # one line, exit 2, from the cli wrapper
         module.parse_args(argv)
-    assert f"the following arguments are required: {flag}" in capsys.readouterr().err
+    assert f"the following arguments are required: {flag}" in str(refused.value)
     assert not re.search(rf"\[{flag}[ \]]", _parser(program).format_usage())  # usage shows it unbracketed
 
 

@@ -57,6 +57,7 @@ from streamlab.hops.forwarders import (
 )
 from streamlab.hops.heads import client_response_head, is_upgrade, upstream_request_head
 from streamlab.hops.settings import CONFIG, FIXED, PROXY_FLAGS, PROXY_SETTINGS, add_flags, make_proxy_config
+from streamlab.net.errors import ArgumentParser
 from streamlab.net.serving import ClientGone, serve_until_signalled
 from streamlab.net.settings import Settings, config_values
 from streamlab.protocol.endings import WRITE_FAILED
@@ -474,7 +475,7 @@ def build_parser(
     groups: Sequence[Settings] = PROXY_FLAGS,
 ) -> argparse.ArgumentParser:
     """A command line of ``groups`` (the proxy's; the platform's are the proxy's and its own), a section each."""
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog="Every setting as a table: docs/limits.md.")
+    p = ArgumentParser(prog=prog, description=description, epilog="Every setting as a table: docs/limits.md.")
     add_flags(p, groups)
     return p
 

@@ -3,6 +3,7 @@
     aio.py       run the library's coroutines from a script, a test or a notebook cell alike
     serving.py   serve until signalled, the stdin-EOF watcher, ``ClientGone``
     settings.py  every setting declared once: the flags, the config object and the table of limits
+    errors.py    UserError: a mistake the user can fix, printed by the command line as one line (exit 2)
 
 It may import only ``streamlab.protocol`` and the standard library.
 """

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 from streamlab.model.generation import PREFILL_CHUNK
+from streamlab.net.errors import ArgumentParser
 from streamlab.net.settings import Setting, Settings, config_values, make_config
 
 READ_SIZE = 65536  # bytes asked of the socket per read: a buffer size, not a limit
@@ -234,7 +235,7 @@ MAX_LOG_RECORDS = FIXED.default("max_log_records")
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m streamlab serve``'s flags, a section per group, every default shown with its unit."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m streamlab serve", description="Serve the model over HTTP, SSE and WebSocket.",
         epilog="Every limit as a table: docs/limits.md.",
     )
