@@ -18,6 +18,19 @@ import pytest
 from streamlab.lab import runner
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n 2 --dist loadgroup`` (make test), the chapters run one after another on one worker.
+
+    Each chapter keeps a model busy for most of its run; two at once on two
+    cores would each take twice as long and stretch the timings they print.
+    Everything else is spread over both workers around them: most of it waits
+    on sockets and timers, not on the CPU.
+    """
+    for item in items:
+        if item.get_closest_marker("notebook"):
+            item.add_marker(pytest.mark.xdist_group("chapters"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Servers started by tests store their conversations here, never in the user's data folder.
