@@ -11,7 +11,7 @@ server's ``GET /debug/queues``. The policies: unbounded; bounded at
 ``--max-queued`` pieces (the generation waits for its reader); bounded with a
 short ``--slow-reader-timeout`` (the generation is stopped, ``slow_reader``).
 The write timeout is off in these runs (at 1 KB/s it would cut the reader in
-every one: see ``streamlab/backpressure.py``); ``--defaults`` adds a run with
+every one: see ``streamlab/lab/backpressure.py``); ``--defaults`` adds a run with
 the server's defaults as shipped, write timeout included.
 
 Figures per policy: tokens generated and pieces read at the end (the ratio: how

@@ -27,7 +27,7 @@ BY_HAND = re.compile(r"\.(plot|bar|barh|scatter|hist|step|hlines|vlines|axhline|
                      r"set_title|tight_layout)\(|figsize=")
 
 CELLS = [
-    "import matplotlib.pyplot as plt\nfrom streamlab import plots\n{setup}",
+    "import matplotlib.pyplot as plt\nfrom streamlab.book import plots\n{setup}",
     'plots.ttft_chart({"/complete": (3.9, 3.9), "/stream (SSE)": (0.24, 4.07)}, title="First text and end")\nplt.show()\nprint("after the figure")',
     'plots.gap_ecdf({"/stream": [0.1, 0.12, 0.3]}, title="Gaps, shown at the end of the cell");',
     'fig, ax = plt.subplots()\nax.plot([1, 2])\nax.set_title("Drawn with plt alone")\nax.set_xlabel("x (s)")\nax.set_ylabel("y (s)")\nplt.show()',
@@ -51,9 +51,9 @@ def test_every_chapter_draws_through_plots_and_saves_what_it_shows(notebook):
     cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code"]
     code = "\n".join(c.source for c in cells)
     by_hand = [line.strip() for line in code.splitlines() if BY_HAND.search(line)]
-    assert by_hand == [], f"{notebook.name} draws by hand; move it into streamlab/plots.py"
+    assert by_hand == [], f"{notebook.name} draws by hand; move it into streamlab/book/plots.py"
     # Saved from the first cell's save_figures call, or else from the first streamlab.book.plots chart (figures.autosave).
-    draws_with_plots = re.search(r"streamlab\.plots|from streamlab import .*\bplots\b", code)
+    draws_with_plots = re.search(r"streamlab\.book\.plots|from streamlab\.book import .*\bplots\b", code)
     assert "save_figures(results_path)" in code or draws_with_plots, f"{notebook.name}: its figures would not be saved"
 
 

@@ -120,7 +120,8 @@ def test_an_upstream_that_is_down_is_an_error_not_a_hang():
         started = time.monotonic()
         trace = client.post_sync(relay.port, "/stream", {"prompt": "Hi", "max_tokens": 5})
         assert trace.error is not None and time.monotonic() - started < 5
-        assert client.get_json_sync(relay.port, "/log")[-1]["stored_reason"] == "error"
+        request_id = client.get_json_sync(relay.port, "/log")[-1]["id"]
+        assert client.wait_log_sync(relay.port, request_id, timeout=10)["stored_reason"] == "error"  # once it is closed
 
 
 def test_serve_upstream_from_the_command_line(upstream):

@@ -42,7 +42,7 @@ SERVER_SHUTDOWN = "server_shutdown"  # SIGTERM / SIGINT
 CANCEL = "cancel"  # POST /generations/{id}/cancel
 GRACE_EXPIRED = "grace_expired"  # a /generations answer went unread for --grace seconds
 # The generation, --max-queued pieces ahead of its reader, waited --slow-reader-timeout seconds in all
-# for it to take them (see streamlab/backlog.py), and stopped itself. Also a stored reason, same word.
+# for it to take them (see streamlab/model/backlog.py), and stopped itself. Also a stored reason, same word.
 SLOW_READER = "slow_reader"
 
 # The signals that mean the reader is gone (rather than asked us to stop).
