@@ -59,7 +59,7 @@ def summary(reports: Sequence[dict[str, Any]]) -> str:
 
 
 # The benchmarks in the order ``make bench`` runs them: cheap and model-free first.
-BENCHMARKS = ("detokenizer", "overhead", "prefill", "many_streams", "load", "backpressure")
+BENCHMARKS = ("detokenizer", "decode_formats", "overhead", "prefill", "many_streams", "load", "backpressure")
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 

@@ -168,6 +168,9 @@ class LoadedModel:
     load_seconds: float
     source: str
     lock: FairLock = field(default_factory=FairLock, repr=False)
+    precision: str = "float32"  # the decode format (streamlab.model.precision) or load dtype it runs in
+    # The format's prefill and decode entry points (streamlab.model.precision.Runner), for loops that call them.
+    runner: Any = field(default=None, repr=False)
 
     @property
     def context_length(self) -> int | None:
@@ -227,22 +230,43 @@ def pick_device(preferred: str | None = None) -> Any:
     return torch.device("cpu")
 
 
-def pick_dtype(device: Any) -> Any:
-    """float32 on a CPU, float16 on a GPU, unless ``STREAMLAB_DTYPE`` names another.
+def precisions() -> list[str]:
+    """What STREAMLAB_DTYPE may name: the decode formats, and float16, a GPU's dtype rather than a format."""
+    from streamlab.model.precision import format_names
 
-    On this course's CPUs bfloat16 halves the time per generated token (decoding
-    is memory-bound: every weight is read once per token) but nearly triples the
-    time to the first one (reading the prompt is compute-bound, and these CPUs
-    have no native bfloat16 arithmetic). The first token is what a streaming
-    reader waits for, so float32 is the default here; try
-    ``STREAMLAB_DTYPE=bfloat16`` to see the trade.
+    return [*format_names(), "float16"]
+
+
+def pick_precision(device: Any, name: str | None = None) -> str:
+    """float32 on a CPU, float16 on a GPU, unless ``name`` or ``STREAMLAB_DTYPE`` names another.
+
+    The names are the decode formats of :mod:`streamlab.model.precision`
+    (``benchmarks/decode_formats.py`` measures them side by side): bfloat16
+    halves the bytes each token reads, int8 and int4 quarter and eighth them,
+    and the ``split`` formats read the prompt in float32 and decode narrow, so
+    the first token, what a streaming reader waits for, is not slowed by the
+    narrow format. float32 stays the default until the measurement has been
+    taken on a quiet machine.
+    """
+    name = name or os.environ.get("STREAMLAB_DTYPE")
+    if not name:
+        return "float32" if device.type == "cpu" else "float16"
+    valid = precisions()
+    if name not in valid:
+        raise ModelError(f"STREAMLAB_DTYPE={name!r} is not a format streamlab knows; valid: {', '.join(valid)}")
+    return name
+
+
+def pick_dtype(device: Any, precision: str | None = None) -> Any:
+    """The dtype to load the weights in: the format's own for float32, bfloat16 and float16, else float32.
+
+    int8, int4 and the split formats are made from the float32 weights after
+    loading (quantizing from bfloat16 would round twice).
     """
     import torch
 
-    name = os.environ.get("STREAMLAB_DTYPE")
-    if name:
-        return getattr(torch, name)
-    return torch.float32 if device.type == "cpu" else torch.float16
+    name = pick_precision(device, precision)
+    return getattr(torch, name) if name in ("float32", "bfloat16", "float16") else torch.float32
 
 
 def embedded_gguf() -> Path:
@@ -369,12 +393,15 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load_model(
-    name: str | None = None, *, device: str | None = None, cache_dir: Path | None = None
+    name: str | None = None, *, device: str | None = None, cache_dir: Path | None = None,
+    precision: str | None = None,
 ) -> LoadedModel:
-    """Load (once per process) the named model, or the embedded default.
+    """Load (once per process and format) the named model, or the embedded default.
 
     ``name`` may be a Hugging Face id (needs the hub, or its files already in the
     Hugging Face cache) or a local folder, exactly as ``from_pretrained`` takes.
+    ``precision`` (else ``STREAMLAB_DTYPE``) names the decode format: see
+    :func:`pick_precision`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -384,7 +411,8 @@ def load_model(
     started = time.perf_counter()
     display, source = resolve_model(name, cache_dir)
     dev = pick_device(device)
-    key = (source, str(dev))
+    fmt = pick_precision(dev, precision)
+    key = (source, str(dev), fmt)
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
@@ -394,7 +422,7 @@ def load_model(
             _import_model_code(source)
             started += time.perf_counter() - code_loaded
             tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev))
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev, fmt))
         except (OSError, ValueError) as exc:  # transformers' word for "not here", "not a model", "no hub"
             offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
             said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -405,6 +433,12 @@ def load_model(
             raise ModelError(f"model {source!r} {why}: {_NAME_ANOTHER}") from exc
         model.to(dev)
         model.eval()
+        from streamlab.model.precision import Format, Runner, prepare_model
+
+        if fmt == "float16":  # a dtype to load in, not a format to convert to
+            runner = Runner(Format("float16", "float16", "float16", "half precision, as loaded"), model)
+        else:
+            model, runner = prepare_model(model, fmt)  # int8, int4 and the splits convert here
         loaded = LoadedModel(
             name=display,
             tokenizer=tokenizer,
@@ -412,6 +446,8 @@ def load_model(
             device=dev,
             load_seconds=time.perf_counter() - started,
             source=source,
+            precision=fmt,
+            runner=runner,
         )
         _LOADED[key] = loaded
         return loaded

@@ -1,0 +1,196 @@
+"""Decode formats side by side in one run: first token, tokens per second and perplexity, against float32.
+
+    python benchmarks/decode_formats.py [--formats float32,bfloat16,int8,int4,split-int8,split-int4,split-bfloat16]
+                                        [--rounds 7] [--tokens 64] [--ppl-texts 20] [--tiny]
+
+Every format is made from the same loaded float32 model (streamlab.model.precision)
+and measured on the same prompts in the same run. A round takes one prompt of
+data/prompts.json in the chat template, as the server would send it, and for
+each format (in an order rotated every round, so a busy spell on the shared
+machine does not always hit the same one): the time to the first token (the
+prompt read, the first token picked) and the speed of greedy decoding of
+``--tokens`` more (a bare loop with the KV cache, nothing else). Ratios to
+float32 are taken within each round, then summarised as the median and the
+range over rounds: noise on the machine moves both sides of a ratio alike.
+
+Perplexity is deterministic, so it is measured once per format: the human
+continuation of every item of data/prompts.json, teacher-forced after its
+prompt, the same token ids for every format (streamlab.model.perplexity).
+
+The rule for the default: the format that decodes fastest among those whose
+first token is at most 10% slower than float32's and whose perplexity is
+within 2% of float32's. The goal of issue #19: one reader decodes at least
+1.6x as fast as float32 in the format the rule picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from streamlab.book.bench import Report
+from streamlab.lab.records import load_prompts
+from streamlab.model.loading import load_model
+from streamlab.model.perplexity import encode_pairs, perplexity
+from streamlab.model.precision import Runner, get_format, make_runner, weight_bytes
+
+FORMATS = ("float32", "bfloat16", "int8", "int4", "split-int8", "split-int4", "split-bfloat16")
+MAX_FIRST_TOKEN_SLOWDOWN = 1.10  # the rule: first token at most 10% slower than float32's
+MAX_PERPLEXITY_CHANGE = 2.0  # % from float32's, either way, at most
+GOAL_SPEEDUP = 1.6  # issue #19: one reader's decode against float32's
+
+
+def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The prompt as a chat server reads it: in the model's chat template, ready for the assistant's turn."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(map(int, ids))
+
+
+def one_reader(runner: Runner, ids: list[int], tokens: int) -> dict[str, Any]:
+    """First token (the prompt read) and ``tokens`` greedy decode steps after it, timed apart."""
+    cache = runner.new_cache()
+    started = time.perf_counter()
+    out = runner.prefill(ids, cache, logits_to_keep=1)
+    made = [int(out.logits[0, -1].argmax())]
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(tokens):
+        out = runner.decode([made[-1]], cache)
+        made.append(int(out.logits[0, -1].argmax()))
+    decode = time.perf_counter() - started
+    return {"first": first, "tokens_per_s": tokens / decode, "made": made}
+
+
+def agreement(a: list[int], b: list[int]) -> int:
+    """How many tokens two greedy runs share before they first differ."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def pick_default(rows: dict[str, dict[str, float]]) -> str:
+    """The rule: fastest decode among formats with first token ≤ 10% slower and perplexity within 2%.
+
+    Within 2% either way: a format that scores much better than the weights
+    it was made from is a different model, not a free gift.
+    """
+    fit = [name for name, r in rows.items()
+           if r["first_slowdown"] <= MAX_FIRST_TOKEN_SLOWDOWN and abs(r["ppl_change"]) <= MAX_PERPLEXITY_CHANGE]
+    return max(fit, key=lambda name: rows[name]["speedup"])
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens decoded after the first")
+    parser.add_argument("--ppl-texts", type=int, default=20, help="human texts scored (of data/prompts.json's 20)")
+    parser.add_argument("--ppl-tokens", type=int, default=0, help="score at most this many tokens of each (0: all)")
+    parser.add_argument("--tiny", action="store_true", help="a quick run for the test (2 rounds, 4 tokens, 2 short texts)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.rounds, args.tokens, args.ppl_texts, args.ppl_tokens = 2, 4, 2, 16
+    names = [get_format(n).name for n in args.formats.split(",")]
+    if "float32" not in names:
+        names.insert(0, "float32")  # every ratio is to float32
+    lm = load_model()
+    tok = lm.tokenizer
+    items = load_prompts()
+    report = Report("decode_formats", params={
+        "formats": names, "rounds": args.rounds, "tokens": args.tokens, "ppl_texts": args.ppl_texts,
+        "ppl_tokens": args.ppl_tokens, "model": lm.name, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 2),
+    })
+    print(f"model {lm.name}, torch {torch.__version__} with {torch.get_num_threads()} threads; "
+          f"load average {os.getloadavg()[0]:.1f} (above the core count: other programs are competing)", flush=True)
+    runners = {name: make_runner(lm.model, name) for name in names}
+
+    warm = chat_ids(tok, items[-1]["prompt"])
+    for runner in runners.values():  # first calls pay for allocations and kernel set-up
+        one_reader(runner, warm, 2)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        ids = chat_ids(tok, items[r % len(items)]["prompt"])
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            runs[name].append(one_reader(runners[name], ids, args.tokens))
+
+    texts = []
+    for item in items[: args.ppl_texts]:
+        human = item["human"]
+        if args.ppl_tokens:
+            human = tok.decode(tok(human, add_special_tokens=False)["input_ids"][: args.ppl_tokens])
+        texts.append((item["prompt"], human))
+    pairs = encode_pairs(tok, texts)
+    ppl = {name: perplexity(runners[name], pairs) for name in names}
+
+    base = runs["float32"]
+    rows, summary = [], {}
+    for name in names:
+        fmt = get_format(name)
+        first = spread([run["first"] for run in runs[name]])
+        speed = spread([run["tokens_per_s"] for run in runs[name]])
+        speedup = spread([run["tokens_per_s"] / b["tokens_per_s"] for run, b in zip(runs[name], base)])
+        slowdown = spread([run["first"] / b["first"] for run, b in zip(runs[name], base)])
+        change = (ppl[name].value / ppl["float32"].value - 1) * 100
+        same = statistics.median(agreement(run["made"], b["made"]) for run, b in zip(runs[name], base))
+        summary[name] = {"speedup": speedup[0], "first_slowdown": slowdown[0], "ppl_change": change}
+        rows.append({
+            "format": name, "prefill": fmt.prefill, "decode": fmt.decode,
+            "MB read a token": weight_bytes(runners[name]) / 1e6,
+            "first token s": first[0], "first min": first[1], "first max": first[2],
+            "tokens/s": speed[0], "tok/s min": speed[1], "tok/s max": speed[2],
+            "decode speed-up": speedup[0], "speed-up range": f"{speedup[1]:.2f}-{speedup[2]:.2f}",
+            "first-token slowdown": slowdown[0], "slowdown range": f"{slowdown[1]:.2f}-{slowdown[2]:.2f}",
+            "perplexity": ppl[name].value, "ppl change %": change,
+            f"same tokens as f32 (of {args.tokens + 1})": same,
+        })
+    report.table(f"one reader, median and range over {args.rounds} rounds (ratios to float32 paired within a round); "
+                 f"perplexity on {len(pairs)} human texts ({ppl['float32'].tokens} tokens)", rows)
+    for name in names:
+        row = next(r for r in rows if r["format"] == name)
+        report.figure(f"{name}.first_token_s", row["first token s"], "s")
+        report.figure(f"{name}.tokens_per_s", row["tokens/s"], "tokens/s")
+        report.figure(f"{name}.perplexity", row["perplexity"])
+        if name != "float32":
+            report.ratio(f"{name}.decode_speedup", row["decode speed-up"])
+            report.ratio(f"{name}.first_token_slowdown", row["first-token slowdown"])
+            report.figure(f"{name}.perplexity_change", row["ppl change %"], "%")
+
+    chosen = pick_default(summary)
+    verdicts = [{
+        "format": name,
+        f"first token ≤ {MAX_FIRST_TOKEN_SLOWDOWN:.2f}x": "yes" if s["first_slowdown"] <= MAX_FIRST_TOKEN_SLOWDOWN else "no",
+        f"perplexity within {MAX_PERPLEXITY_CHANGE:g}%": "yes" if abs(s["ppl_change"]) <= MAX_PERPLEXITY_CHANGE else "no",
+        "decode speed-up": s["speedup"], "picked": "<- default" if name == chosen else "",
+    } for name, s in summary.items()]
+    report.table("the rule: the fastest decode with first token at most 10% slower than float32's "
+                 "and perplexity within 2% of it", verdicts)
+    report.data["default"] = chosen
+    report.data["runs"] = {name: [{k: v for k, v in run.items() if k != "made"} for run in runs[name]] for name in names}
+    print(f"decode_formats: the rule picks {chosen}", flush=True)
+    report.ratio("default_decode_speedup", summary[chosen]["speedup"], target=GOAL_SPEEDUP, op="≥",
+                 note=f"the rule's pick, {chosen}")
+    fastest = max(summary, key=lambda name: summary[name]["speedup"])
+    report.ratio("fastest_decode_speedup", summary[fastest]["speedup"], note=f"{fastest}, whatever its first token")
+    report.save()
+    return report
+
+
+if __name__ == "__main__":
+    main()
