@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", default=None, help="Hugging Face id or folder (default: STREAMLAB_MODEL or embedded)"
     )
-    parser.add_argument("--tokens", type=int, default=100, help="how many tokens to generate (at least 1)")
+    parser.add_argument("--tokens", type=int, default=100, help="how many tokens to generate, at least 1 (default: 100 tokens)")
     args = parser.parse_args(argv)
     if args.tokens < 1:
         parser.error(f"--tokens {args.tokens}: give at least 1")
