@@ -23,7 +23,7 @@ QUICK: dict[str, dict] = {
                      "idle_timeout": 1.0, "ping_interval": 0.3},
     "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
     "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "max_connections": 3, "es_tokens": 6},
-    "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8],
+    "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8, 12],
                                   "answer_tokens": 4, "slow_connections": 5, "head_timeout": 1.0},
     "10_the_formats_people_actually_use": {"max_tokens": 16, "cut_after": 4, "relay_tokens": 30, "leave_after": 10},
     "11_serving_many_readers": {"overhead_tokens": 8, "overhead_rounds": 1, "stream_levels": [20], "ws_levels": [20],
@@ -256,11 +256,16 @@ def test_09_a_stranger_at_the_door(tmp_path):
     assert leaving["in chunks"]["read before stopping"] < leaving["in chunks"]["prompt tokens"]
     assert leaving["one pass"]["read before stopping"] == leaving["one pass"]["prompt tokens"]
     crowd = [r for r in f["crowd"] if r["readers"] == 8]
-    limited = [r for r in crowd if r["server"].startswith("--max-active")]
+    defaults = [r for r in crowd if r["server"].startswith("defaults")]
+    refusing = [r for r in crowd if r["server"] == "refuse past 2"]
     unlimited = [r for r in crowd if r["server"] == "no limit"]
-    admitted = MAX_ACTIVE
-    assert sum(r["status"] == 503 for r in limited) == 8 - admitted and sum(r["status"] == 200 for r in limited) == admitted
-    assert all(r["status"] == 200 for r in unlimited)
+    assert len(defaults) == 8 and all(r["status"] == 200 for r in defaults)  # a line, not a refusal
+    assert all(r["time per token (s)"] is not None for r in defaults)
+    assert sum(r["status"] == 503 for r in refusing) == 6 and sum(r["status"] == 200 for r in refusing) == 2
+    assert all(r["status"] == 200 for r in unlimited) and all(r["ahead on arrival"] is None for r in unlimited)
+    bigger = [r for r in f["crowd"] if r["readers"] == 12 and r["server"].startswith("defaults")]
+    assert all(r["status"] == 200 for r in bigger)  # past the batch, they wait their turn and are served
+    assert sorted(r["ahead on arrival"] for r in bigger if r["ahead on arrival"] is not None) == list(range(12 - MAX_ACTIVE))
     if f["cross_site"] is not None:  # Chromium present: nothing the hostile page sent was generated or stored
         assert f["cross_site_generated"] == 0 and f["cross_site_stored"] == 0
 

@@ -302,11 +302,24 @@ async def leave_during_prefill(port: int, server: str, *, prompt_tokens: int = 4
 
 
 async def concurrent_first_tokens(port: int, n: int, *, max_tokens: int = 8, timeout: float = 600) -> list[dict]:
-    """``n`` readers ask at the same moment: each one's status and time to first text."""
+    """``n`` readers ask at the same moment: each one's status, place in line, first text and time per token.
+
+    A reader the server puts in line is told so at once (streamlab's ``queued``
+    event, with how many are ahead of it); ``ahead on arrival`` is None for one
+    that started at once. Its time per token is the median gap between its
+    pieces once they flow: what it reads at, whatever it waited before.
+    """
     prompts = [{"prompt": f"Reader {i} asks about lighthouses.", "max_tokens": max_tokens, "chat": False,
                 "ignore_eos": True, "seed": i} for i in range(n)]
     traces = await asyncio.gather(*(client.post(port, "/stream", body, timeout=timeout) for body in prompts))
-    return [{"readers": n, "status": t.status, "first text (s)": t.first_text, "end (s)": t.end} for t in traces]
+    rows = []
+    for t in traces:
+        queued = [e.data for e in t.events if e.kind == "queued" and isinstance(e.data, dict)]
+        gaps = t.gaps()
+        rows.append({"readers": n, "status": t.status, "ahead on arrival": queued[0]["ahead"] if queued else None,
+                     "first text (s)": t.first_text, "end (s)": t.end,
+                     "time per token (s)": statistics.median(gaps) if gaps else None})
+    return rows
 
 
 async def admission_sweep(ports: dict[str, int], counts: list[int], *, max_tokens: int = 8) -> list[dict]:
