@@ -19,7 +19,12 @@ import pytest
 from inprocess import serving
 from streamlab import client
 from streamlab.book.bench import SCRIPTS, parse_line
-from streamlab.lab.many_streams import StreamReading, percentile, summarize
+from streamlab.lab import runner
+from streamlab.lab.many_streams import StreamReading, default_loop, percentile, server_command, summarize
+from streamlab.net.errors import UserError
+from streamlab.server.command import loop_factory, run_on_loop
+from streamlab.server.events import Event
+from streamlab.server.formats import StreamlabFormat, TextPiece
 from streamlab.server.sources import source_for
 from streamlab.server.scripted import ScriptedEngine, ScriptedGeneration, script_text
 from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
@@ -117,6 +122,9 @@ def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
     # The rivals started, and every server streamed the same scripted words.
     assert {r["sample_text"] for r in saved["data"]["rows"]} == {script_text(10)}
     assert "scripted" in saved["params"]["source"] and saved["data"]["gaps_ms"]
+    # One loop for every server of the run: uvloop where it is installed.
+    assert {r["loop"] for r in saved["data"]["rows"]} == {saved["params"]["loop"]} == {default_loop()}
+    assert {r["round"] for r in saved["data"]["rows"]} == {1}
 
 
 def test_a_burst_beyond_asyncios_default_backlog_waits_in_the_kernel():
@@ -156,3 +164,56 @@ def test_a_burst_beyond_asyncios_default_backlog_waits_in_the_kernel():
                 s.close()
             release.set()
             time.sleep(1.0)  # the loop accepts the closed connections and lets them go before shutdown
+
+
+# --------------------------------------------------------------------------
+# One event loop for every stack
+# --------------------------------------------------------------------------
+
+
+def loaded_uvloop(pid: int) -> bool:
+    """Whether process ``pid`` has uvloop's extension mapped: it runs on uvloop, not on asyncio's own loop."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+        return any("uvloop" in line for line in maps)
+
+
+def test_a_loop_is_named_never_guessed(monkeypatch: pytest.MonkeyPatch):
+    assert loop_factory("asyncio") is None
+    assert run_on_loop(asyncio.sleep(0, "done")) == "done"
+    with pytest.raises(UserError, match="asyncio and uvloop"):
+        loop_factory("trio")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    with pytest.raises(UserError, match="not installed"):
+        loop_factory("uvloop")
+    assert default_loop() == "asyncio"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
+@pytest.mark.parametrize("server", ["streamlab", "uvicorn+starlette", "websockets"])
+def test_every_stack_runs_on_the_loop_it_is_given(tmp_path, server: str):
+    pytest.importorskip("uvloop")
+    for loop in ("uvloop", "asyncio"):
+        running = runner.start_process(server_command(server, 100, 10, str(tmp_path / f"{loop}.db"), loop),
+                                       name=f"loop-{server}", ready_timeout=120)
+        try:
+            assert loaded_uvloop(running.process.pid) == (loop == "uvloop"), (server, loop)
+            if server == "websockets":
+                assert client.websocket_sync(running.port, "Tell me", 3).text == script_text(3)
+            else:
+                assert client.stream_sync(running.port, "Tell me", 3).text == script_text(3)
+        finally:
+            running.stop()
+
+
+# --------------------------------------------------------------------------
+# The per-event path's shortcuts say what the long way says
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", " keeper", 'a "quote" and a \\ backslash', "two\nlines\r\n", "\u2028 é ☃ 🚀",
+                                  "\x00\x1f\x7f", "</script>"])
+def test_a_text_piece_is_the_bytes_of_the_general_event(text: str):
+    piece = StreamlabFormat().piece(text)
+    assert isinstance(piece, TextPiece) and isinstance(piece, Event) and piece.name == "message"
+    assert piece.encode() == Event({"text": text}).encode()
+    assert json.loads(piece.data) == {"text": text}

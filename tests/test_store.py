@@ -7,6 +7,7 @@ what the writer holds in memory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -463,6 +464,118 @@ def test_a_killed_server_loses_at_most_the_last_second(db: Path):
     old_enough = [i for i, when in appended if when <= killed_at - 1.0]
     assert old_enough, "the test must run long enough to have old pieces"
     assert max(old_enough) < len(saved), "a piece appended over a second before the kill was lost"
+
+
+# --------------------------------------------------------------------------
+# Many answers on an event loop: one transaction per tick
+# --------------------------------------------------------------------------
+
+
+def committed(db: Path) -> list[tuple[str, float]]:
+    """(content, updated) of every answer, as another connection sees them in one read."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT content, updated FROM messages WHERE role = 'assistant' ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+
+
+def test_answers_streaming_on_a_loop_cost_one_commit_per_tick_and_keep_the_bound(db: Path):
+    """40 answers, a piece each every 20 ms for a second, 0.2 s ticks: ~5 commits, not one per answer per tick.
+
+    After every step, another connection sees one tick whole (every row
+    written at the same moment) and every piece older than the interval: the
+    store's clock tells when that is, whatever the loop's timer did.
+    """
+    n, interval, steps = 40, 0.2, 50
+    commits: list[str] = []
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(time.time())
+        return reads[-1]
+
+    async def main() -> Store:
+        with Store(db, flush_interval=interval, clock=clock) as store:
+            conversation = store.new_conversation()
+            writers = [store.begin_answer(conversation) for _ in range(n)]
+            assert all(w._rounds is store._rounds for w in writers)  # made on a running loop: one set of ticks
+            store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+            ended: list[float] = []  # when each step's pieces had all been appended
+            for step in range(steps):
+                for writer in writers:
+                    writer.append(f"<{step}>", step + 1)
+                ended.append(time.time())
+                rows = committed(db)
+                if rows[0][0]:
+                    assert len({updated for _, updated in rows}) == 1, "a reader saw part of a tick"
+                    assert len({content for content, _ in rows}) == 1
+                old = "".join(f"<{i}>" for i, when in enumerate(ended) if when <= reads[-1] - interval)
+                assert all(content.startswith(old) for content, _ in rows), "a piece older than the interval"
+                await asyncio.sleep(0.02)
+            store._conn.set_trace_callback(None)
+            ticks = store._rounds.transactions
+            for writer in writers:
+                writer.finish(COMPLETED)
+            assert store._rounds.members == set() and store._rounds._timer is None  # nothing left to tick for
+        assert len(commits) == ticks
+        return store
+
+    asyncio.run(main())
+    # A second of streaming at 0.2 s: about 5 ticks (more if the loop ran late and appends ran them);
+    # a commit per answer per tick would have been 200.
+    assert 3 <= len(commits) <= 12, commits
+    assert {content for content, _ in committed(db)} == {"".join(f"<{i}>" for i in range(steps))}
+
+
+CRASHING_LOOP = """
+import asyncio, sys, time
+from streamlab.server.store import Store
+
+async def main():
+    store = Store(sys.argv[1], flush_interval=0.2)
+    cid = store.new_conversation("crash")
+    writers = [store.begin_answer(cid) for _ in range(20)]
+    print("ready", flush=True)
+    for i in range(100_000):
+        for writer in writers:
+            writer.append(f"<{i}>", i + 1)
+        print(i, repr(time.time()), flush=True)  # printed once every answer has it
+        await asyncio.sleep(0.01)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_loop_loses_at_most_the_interval_of_any_answer(db: Path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_LOOP, str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        assert proc.stdout.readline().split() == ["ready"], proc.stderr.read()
+        appended: list[tuple[int, float]] = []
+        while not appended or appended[-1][1] - appended[0][1] < 1.5:
+            i, when = proc.stdout.readline().split()
+            appended.append((int(i), float(when)))
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        appended += [(int(i), float(when)) for i, when in (line.split() for line in proc.stdout)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+    rows = committed(db)
+    assert len(rows) == 20 and len(set(rows)) == 1, "the last tick wrote every answer, in one transaction"
+    saved = [int(n) for n in re.findall(r"<(\d+)>", rows[0][0])]
+    assert saved == list(range(len(saved))), "the saved text is a prefix, piece by piece"
+    # Every append runs the tick that is due, so what the last append left behind is younger than the interval
+    # (0.2 s); 0.3 s more for the scheduler between that append and its line.
+    old_enough = [i for i, when in appended if when <= appended[-1][1] - 0.2 - 0.3]
+    assert old_enough, "the test must run long enough to have old pieces"
+    assert max(old_enough) < len(saved) <= len(appended) + 1
 
 
 # --------------------------------------------------------------------------

@@ -21,7 +21,11 @@ by :mod:`streamlab.protocol.websocket`); nothing else is parsed.
 :func:`compare` runs, one server process per run, streamlab's ``/stream``
 and ``/ws`` and the rivals of :mod:`streamlab.lab.rivals` (uvicorn + Starlette,
 uvicorn + sse-starlette, the websockets library) at the same levels, and
-returns one row per run; ``benchmarks/many_streams.py`` prints them.
+returns one row per run; ``benchmarks/many_streams.py`` prints them. Every
+server, and the driver, run on one event loop (uvloop where installed, else
+asyncio's): two loops would measure the loops. ``rounds`` repeats the whole
+set, interleaved, so that a neighbour's burst of work lands on every server
+alike and the spread between rounds shows what one figure is worth.
 
 Both processes share the machine: on 2 cores, a driver reading 20,000 events
 a second takes a good part of one. Its own CPU is in every row
@@ -65,6 +69,16 @@ SERVERS = {
 SSE_SERVERS = ("streamlab", "uvicorn+starlette", "uvicorn+sse-starlette")
 WS_SERVERS = ("streamlab-ws", "websockets")
 RIVAL_KINDS = {"uvicorn+starlette": "starlette", "uvicorn+sse-starlette": "sse-starlette", "websockets": "websockets"}
+LOOPS = ("asyncio", "uvloop")
+
+
+def default_loop() -> str:
+    """uvloop where it is installed (what uvicorn picks by itself), else asyncio: one loop for every server."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
 
 
 def raise_open_files_limit(needed: int | None = None) -> int:
@@ -441,7 +455,6 @@ async def drive(
 def drive_sync(port: int, **kwargs: Any) -> dict[str, Any]:
     """:func:`drive` from a script or a notebook."""
     from streamlab.net.aio import run_sync
-
     return run_sync(drive(port, **kwargs))
 
 
@@ -450,20 +463,20 @@ def drive_sync(port: int, **kwargs: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def server_command(server: str, rate: float, streams: int, db: str) -> list[str]:
-    """How each contender is started (``--port 0``, ready line on stdout)."""
+def server_command(server: str, rate: float, streams: int, db: str, loop: str = "asyncio") -> list[str]:
+    """How each contender is started (``--port 0``, ready line on stdout), on the event loop ``loop``."""
     if server in ("streamlab", "streamlab-ws"):
         from streamlab.lab.runner import server_command as streamlab_command
 
         room = str(max(10_000, 2 * streams))
         return streamlab_command("--scripted-rate", f"{rate:g}", "--max-active", room, "--max-connections", room,
-                                 "--db", db)
+                                 "--db", db, "--loop", loop)
     return [sys.executable, "-m", "streamlab.lab.rivals", RIVAL_KINDS[server], "--port", "0", "--rate", f"{rate:g}",
-            "--exit-on-stdin-eof"]
+            "--exit-on-stdin-eof", "--loop", loop]
 
 
 def run_one(server: str, streams: int, *, tokens: int = 60, rate: float = 20.0, spread: float = 1.0,
-            warmup: int = WARMUP_STREAMS, gap_sample: int = GAP_SAMPLE) -> dict[str, Any]:
+            warmup: int = WARMUP_STREAMS, gap_sample: int = GAP_SAMPLE, loop: str = "asyncio") -> dict[str, Any]:
     """Start ``server`` fresh, drive ``streams`` streams at it from another process, stop it; one row.
 
     A fresh process per run: memory once allocated stays with a Python
@@ -473,13 +486,13 @@ def run_one(server: str, streams: int, *, tokens: int = 60, rate: float = 20.0, 
 
     protocol, path = SERVERS[server]
     with tempfile.TemporaryDirectory(prefix="streamlab-many-") as folder:
-        running = start_process(server_command(server, rate, streams, os.path.join(folder, "bench.db")),
+        running = start_process(server_command(server, rate, streams, os.path.join(folder, "bench.db"), loop),
                                 name=f"many-{server}", ready_timeout=120)
         try:
             cmd = [sys.executable, "-m", "streamlab.lab.many_streams", "drive", "--port", str(running.port),
                    "--protocol", protocol, "--path", path, "--streams", str(streams), "--tokens", str(tokens),
                    "--rate", f"{rate:g}", "--spread", f"{spread:g}", "--server-pid", str(running.process.pid),
-                   "--warmup", str(warmup), "--gap-sample", str(gap_sample)]
+                   "--warmup", str(warmup), "--gap-sample", str(gap_sample), "--loop", loop]
             limit = spread + tokens / rate + GRACE + 60
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=_child_env(None))
             if done.returncode != 0:
@@ -490,7 +503,7 @@ def run_one(server: str, streams: int, *, tokens: int = 60, rate: float = 20.0, 
             running.stop()
     if not alive:
         row["failures"]["server died"] = 1
-    return {"server": server, **row}
+    return {"server": server, "loop": loop, **row}
 
 
 def compare(
@@ -505,19 +518,27 @@ def compare(
     warmup: int = WARMUP_STREAMS,
     gap_sample: int = GAP_SAMPLE,
     progress: bool = True,
+    loop: str | None = None,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
-    """Every SSE server at every level, every WebSocket server at every WebSocket level: one row per run."""
-    runs = [(s, n) for n in levels for s in sse_servers] + [(s, n) for n in ws_levels for s in ws_servers]
-    rows = []
-    for i, (server, n) in enumerate(runs, 1):
+    """Every SSE server at every level, every WebSocket server at every WebSocket level: one row per run.
+
+    ``rounds`` times over, interleaved, each row with its ``round`` and its ``loop`` (None: ``default_loop()``).
+    """
+    loop, rows = loop or default_loop(), []
+    one = [(s, n) for n in levels for s in sse_servers] + [(s, n) for n in ws_levels for s in ws_servers]
+    runs = [(r, s, n) for r in range(1, rounds + 1) for s, n in one]
+    for i, (round_, server, n) in enumerate(runs, 1):
         started = time.perf_counter()
         if progress:
-            print(f"many_streams: [{i}/{len(runs)}] {server}, {n} streams ...", file=sys.stderr, flush=True)
+            print(f"many_streams: [{i}/{len(runs)}] {server}, {n} streams, {loop} ...", file=sys.stderr, flush=True)
         try:
-            row = run_one(server, n, tokens=tokens, rate=rate, spread=spread, warmup=warmup, gap_sample=gap_sample)
+            row = run_one(server, n, tokens=tokens, rate=rate, spread=spread, warmup=warmup, gap_sample=gap_sample,
+                          loop=loop)
         except Exception as exc:  # noqa: BLE001 - one failed run is a row that says so, not the end of the comparison
-            row = {"server": server, "protocol": SERVERS[server][0], "streams": n, "completed": 0, "failed": n,
-                   "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            row = {"server": server, "loop": loop, "protocol": SERVERS[server][0], "streams": n, "completed": 0,
+                   "failed": n, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        row["round"] = round_
         if progress:
             outcome = row.get("error") or f"{row['completed']} completed, gap p99 {row['gap_p99_ms']:.1f} ms"
             print(f"many_streams: [{i}/{len(runs)}] {server}, {n} streams: {outcome} "
@@ -527,8 +548,8 @@ def compare(
 
 
 TABLE_COLUMNS = (
-    ("server", "server"), ("protocol", "protocol"), ("streams", "streams"), ("events_per_s", "events/s"),
-    ("expected_events_per_s", "scheduled/s"), ("gap_p50_ms", "gap p50 ms"), ("gap_p99_ms", "gap p99 ms"),
+    ("round", "round"), ("server", "server"), ("protocol", "protocol"), ("streams", "streams"), ("events_per_s",
+    "events/s"), ("expected_events_per_s", "scheduled/s"), ("gap_p50_ms", "gap p50 ms"), ("gap_p99_ms", "gap p99 ms"),
     ("first_event_p99_ms", "first p99 ms"), ("cpu_s_per_10k_events", "CPU s/10k ev"),
     ("kb_per_stream", "KB/stream"), ("completed", "completed"), ("failed", "failed"), ("driver_cpu_s", "driver CPU s"),
 )
@@ -562,11 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--server-pid", type=int, default=None, help="read this process's CPU time and memory")
     d.add_argument("--warmup", type=int, default=WARMUP_STREAMS)
     d.add_argument("--gap-sample", type=int, default=GAP_SAMPLE)
+    d.add_argument("--loop", choices=LOOPS, default="asyncio", help="the driver's event loop (the servers')")
     args = p.parse_args(argv)
     path = args.path or ("/stream" if args.protocol == "sse" else "/ws")
-    row = asyncio.run(drive(args.port, host=args.host, protocol=args.protocol, path=path, streams=args.streams,
+    from streamlab.server.command import run_on_loop
+
+    row = run_on_loop(drive(args.port, host=args.host, protocol=args.protocol, path=path, streams=args.streams,
                             tokens=args.tokens, rate=args.rate, spread=args.spread, server_pid=args.server_pid,
-                            warmup=args.warmup, gap_sample=args.gap_sample))
+                            warmup=args.warmup, gap_sample=args.gap_sample), args.loop)
     json.dump(row, sys.stdout)
     print()
     return 0

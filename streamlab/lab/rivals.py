@@ -3,6 +3,7 @@
     python -m streamlab.lab.rivals starlette     --port 0 --rate 20   # uvicorn + Starlette's StreamingResponse
     python -m streamlab.lab.rivals sse-starlette --port 0 --rate 20   # uvicorn + sse-starlette's EventSourceResponse
     python -m streamlab.lab.rivals websockets    --port 0 --rate 20   # the websockets library's asyncio server
+    ... --loop uvloop                                                 # on uvloop instead of asyncio's own loop
 
 Each serves :class:`streamlab.server.scripted.ScriptedGeneration`, the very
 source ``python -m streamlab serve --scripted-rate 20`` serves: the same
@@ -14,11 +15,14 @@ message and sends ``{"text"}`` messages, then ``{"done": true, ...}``, then
 closes, as our ``/ws`` does. What they do not do is what makes ours longer:
 no admission limit, no store, no ``/log``, no stop message on the WebSocket.
 
-uvicorn runs with ``loop="asyncio"`` and ``http="h11"``: pure-Python
-asyncio and a pure-Python HTTP parser, like our server. uvloop and
-httptools (C) would make it faster, and would compare a C event loop with
-ours rather than one server's design with another's; uvicorn picks them by
-itself when they are installed, so they are turned off by name here.
+Every rival runs on the event loop ``--loop`` names, as ``python -m
+streamlab serve --loop`` does: a comparison of two servers on two loops
+would measure the loops. uvicorn picks uvloop by itself when it is
+installed, but only in ``uvicorn.run``; these servers run inside a loop
+of our making (``command.run_on_loop``), so the loop is the one named,
+whatever is installed (the ``loop`` of uvicorn's config says the same,
+for the record). The HTTP parser stays h11, pure Python like ours:
+httptools (C) would compare parsers, not servers.
 
 Each prints ``rivals: listening on http://127.0.0.1:PORT`` when ready, the
 line :func:`streamlab.lab.runner.start_process` waits for.
@@ -35,6 +39,8 @@ import sys
 from typing import Any
 
 from streamlab.net.serving import on_stdin_eof
+
+LOOPS = ("asyncio", "uvloop")
 
 KINDS = ("starlette", "sse-starlette", "websockets")
 PING_SECONDS = 15.0  # keep-alive comments in silences, as our server's --ping-interval default
@@ -121,11 +127,12 @@ def _ready(sock: socket.socket, what: str) -> None:
     print(f"rivals: {what} listening on http://{host}:{port}", flush=True)
 
 
-async def serve_starlette(sock: socket.socket, rate: float, *, sse_starlette: bool, stdin_eof: bool = False) -> None:
+async def serve_starlette(sock: socket.socket, rate: float, *, sse_starlette: bool, stdin_eof: bool = False,
+                          loop: str = "asyncio") -> None:
     import uvicorn
 
     app = starlette_app(rate, sse_starlette=sse_starlette)
-    config = uvicorn.Config(app, loop="asyncio", http="h11", ws="none", lifespan="off", log_level="warning",
+    config = uvicorn.Config(app, loop=loop, http="h11", ws="none", lifespan="off", log_level="warning",
                             access_log=False, backlog=2048)
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))  # uvicorn handles SIGTERM and SIGINT itself
@@ -206,17 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--rate", type=float, default=20.0, help="tokens per second (the scripted source's)")
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)")
+    p.add_argument("--loop", choices=LOOPS, default="asyncio", help="the event loop (as serve's --loop)")
     args = p.parse_args(argv)
     from streamlab.lab.many_streams import raise_open_files_limit
+    from streamlab.server.command import loop_factory, run_on_loop
 
+    loop_factory(args.loop)  # not installed: said before anything starts
     raise_open_files_limit()
     sock = listening_socket(args.host, args.port)
     _load_and_freeze(args.kind)
     if args.kind == "websockets":
-        asyncio.run(serve_websockets(sock, args.rate, stdin_eof=args.exit_on_stdin_eof))
+        run_on_loop(serve_websockets(sock, args.rate, stdin_eof=args.exit_on_stdin_eof), args.loop)
     else:
-        asyncio.run(serve_starlette(sock, args.rate, sse_starlette=args.kind == "sse-starlette",
-                                    stdin_eof=args.exit_on_stdin_eof))
+        run_on_loop(serve_starlette(sock, args.rate, sse_starlette=args.kind == "sse-starlette",
+                                    stdin_eof=args.exit_on_stdin_eof, loop=args.loop), args.loop)
     return 0
 
 

@@ -9,8 +9,9 @@ import gc
 import os
 import sys
 from contextlib import redirect_stdout
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, TypeVar
 
+from streamlab.net.errors import UserError
 from streamlab.server.app import Server
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
 from streamlab.server.connection import serve_until_signalled
@@ -18,6 +19,46 @@ from streamlab.server.sources import UpstreamSource
 from streamlab.server.scripted import ScriptedEngine
 
 SPARE_FILES = 64  # descriptors besides the connections: the store, the listener, pipes, imports
+T = TypeVar("T")
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``--loop`` names, as a factory for ``asyncio.Runner``; None for the standard library's.
+
+    Named, never picked by what happens to be installed: a measurement that
+    compares two servers must know that both ran on the same loop.
+    """
+    if name == "asyncio":
+        return None
+    if name != "uvloop":
+        raise UserError(f"--loop {name}: the loops are asyncio and uvloop")
+    try:
+        import uvloop
+    except ImportError:
+        raise UserError("--loop uvloop: uvloop is not installed here (pip install uvloop), or use --loop asyncio"
+                        ) from None
+    return uvloop.new_event_loop
+
+
+def run_on_loop(coroutine: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
+    """``asyncio.run`` on the loop ``loop`` names (``serve``, the rivals and the load driver of chapter 11)."""
+    factory = loop_factory(loop)
+    runner_type = getattr(asyncio, "Runner", None)
+    if runner_type is not None:
+        with runner_type(loop_factory=factory) as runner:
+            return runner.run(coroutine)
+    if factory is not None:  # Python 3.10: no Runner, so the loop asyncio.run makes is named through the policy
+        asyncio.set_event_loop_policy(_FactoryPolicy(factory))
+    return asyncio.run(coroutine)
+
+
+class _FactoryPolicy(asyncio.DefaultEventLoopPolicy):  # Python 3.10's way to name the loop asyncio.run makes
+    def __init__(self, factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+        super().__init__()
+        self._factory = factory
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return self._factory()
 
 
 async def serve(lm: Any, config: ServerConfig, *, exit_on_stdin_eof: bool = False) -> int:
@@ -42,7 +83,8 @@ async def _serve(server: Server, lm: Any, *, exit_on_stdin_eof: bool) -> int:
     return 0
 
 
-def bind_load_serve(server: Server, load: Callable[[], Any] | None, *, exit_on_stdin_eof: bool) -> int:
+def bind_load_serve(server: Server, load: Callable[[], Any] | None, *, exit_on_stdin_eof: bool,
+                    loop: str = "asyncio") -> int:
     """Bind the port and open the store, then load the model (``load``), then serve: in that order.
 
     The port and the store are what a user gets wrong at the command line (a
@@ -58,8 +100,8 @@ def bind_load_serve(server: Server, load: Callable[[], Any] | None, *, exit_on_s
             await server.bind()
             return await _serve(server, load() if load is not None else None, exit_on_stdin_eof=exit_on_stdin_eof)
 
-        return asyncio.run(everything())
-    with runner_type() as runner:
+        return run_on_loop(everything(), loop)
+    with runner_type(loop_factory=loop_factory(loop)) as runner:
         runner.run(server.bind())
         try:
             lm = load() if load is not None else None
@@ -92,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m streamlab serve``: bind, open the store, load the model once (or, with ``--upstream`` or
     ``--scripted-rate``, none), then serve."""
     args = parse_args(argv)
+    loop_factory(args.loop)  # a loop that is not installed is said now, before the port and the model
     load = None
     if args.scripted_rate is not None:
         engine: Any = ScriptedEngine(args.scripted_rate)
@@ -103,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine, load = None, functools.partial(load_and_say, args.model, args.engine)
     server = Server(engine, config_from_args(args))
-    return bind_load_serve(server, load, exit_on_stdin_eof=args.exit_on_stdin_eof)
+    return bind_load_serve(server, load, exit_on_stdin_eof=args.exit_on_stdin_eof, loop=args.loop)
 
 
 def load_and_say(name: str | None, engine: str) -> Any:

@@ -175,6 +175,11 @@ COMMAND = Settings(
             " many tokens/s (to measure the server alone)", type=float, metavar="TOKENS_PER_S",
             show="none: a real model", field=False),
     Setting("exit_on_stdin_eof", False, "", "exit when stdin closes (the parent died)", switch=True, field=False),
+    # The standard library's loop by default: the server is pure Python, and what it costs is its own.
+    # uvloop (libuv, in C) is what uvicorn picks by itself when it is installed, so benchmarks/many_streams.py
+    # runs every stack, ours included, on one loop or the other (see command.loop_factory).
+    Setting("loop", "asyncio", "", "the event loop: asyncio (the standard library's) or uvloop (libuv's, in C;"
+            " not on Windows)", choices=("asyncio", "uvloop"), field=False),
 )
 
 

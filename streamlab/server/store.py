@@ -15,7 +15,9 @@ The rules this module follows, and why:
   accumulated on the server, as it is sent, never taken back from the client
   (the client may be gone, or lying), and written to the database at most
   every ``flush_interval`` seconds: a crash loses at most that much text,
-  without paying a commit per token.
+  without paying a commit per token. On the server every answer's text of
+  one tick goes in one transaction (``store_answers.FlushRounds``), not a
+  commit per answer.
 * Servers may share one file: a ``streaming`` row may be another process's
   live answer. Each answer records its owner and a heartbeat (every flush,
   and a timer when nothing new came); ``recover_interrupted``, at start and
@@ -23,10 +25,11 @@ The rules this module follows, and why:
   only those whose owner is gone (``Lease.gone``).
 
 This module holds the ``Store`` (one connection to the file, every read and
-write) and the ``AnswerWriter`` (one answer, as it streams). What the file
+write); the ``AnswerWriter`` (one answer, as it streams) and the rounds that
+write many at once are in ``streamlab.server.store_answers``. What the file
 holds, its tables and migrations, the ``Message`` and ``Conversation`` rows
 and the status words, is in ``streamlab.server.store_schema``; those names,
-and the stop reasons of ``streamlab.protocol.endings`` that callers have
+``AnswerWriter``, and the stop reasons of ``streamlab.protocol.endings`` that callers have
 always imported from here, are re-exported.
 
 SQLite runs in WAL mode: readers (a notebook, a second process) never block
@@ -37,7 +40,6 @@ though the last commits may be lost if the whole machine loses power.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sqlite3
 import threading
@@ -47,7 +49,6 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from types import TracebackType
 from typing import Callable, Iterator
 
 # Why an answer ended: the stop reasons of the whole project, defined once in protocol/endings.py.
@@ -63,6 +64,7 @@ from streamlab.protocol.endings import (
     STOPPED,
     stop_reason_for,
 )
+from streamlab.server.store_answers import AnswerWriter, FlushRounds
 from streamlab.server.store_file import CHOOSE, UserError, make_folder, opening
 from streamlab.server.store_schema import (
     _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
@@ -92,8 +94,8 @@ BUSY_TIMEOUT_MS = 5000  # wait this long for another process's write lock before
 class Store:
     """One SQLite file of conversations, opened by one connection.
 
-    The server runs an asyncio loop, with generation in threads and a flush
-    timer per answer, so the connection is shared between threads
+    The server runs an asyncio loop, with generation in threads and the
+    flushes' timer, so the connection is shared between threads
     (``check_same_thread=False``). A connection has a single transaction state:
     a lock around every use of it keeps one thread from reading, or
     committing, another thread's half-done work. Each write is its own short
@@ -122,6 +124,7 @@ class Store:
         self._last_sweep = clock()
         self._lock = threading.Lock()
         self._writers: weakref.WeakSet[AnswerWriter] = weakref.WeakSet()
+        self._rounds = FlushRounds(self)  # the answers streaming on an event loop: their flushes, tick by tick
         self._conn: sqlite3.Connection | None = None
         with opening(self.path, self.close):  # closed on any failure; SQLite's, told with the path (store_file)
             # isolation_level=None: no hidden BEGIN; every transaction here is spelled out.
@@ -261,6 +264,26 @@ class Store:
             conn.execute(
                 "UPDATE messages SET content = ?, tokens = ?, updated = ?, heartbeat = ?, stale_after = ?"
                 " WHERE id = ?", (content, tokens, now, now, self.stale_after, message_id),
+            )
+
+    def _write_round(self, progress: list[tuple[str, str, int]], beats: list[str], now: float) -> None:
+        """One tick of ``FlushRounds``: every answer's ``(id, text, tokens)`` and the heartbeats, one transaction.
+
+        A reader of the file sees all of the tick or none of it. A row no
+        longer streaming is left alone: its ending was written (or another
+        process recovered it) after the round took its text, and a row is
+        never taken back to older text.
+        """
+        bound = self.stale_after
+        with self._transaction() as conn:
+            conn.executemany(
+                "UPDATE messages SET content = ?, tokens = ?, updated = ?, heartbeat = ?, stale_after = ?"
+                " WHERE id = ? AND status = ?",
+                [(text, tokens, now, now, bound, message_id, STREAMING) for message_id, text, tokens in progress],
+            )
+            conn.executemany(
+                "UPDATE messages SET heartbeat = ?, stale_after = ? WHERE id = ? AND status = ?",
+                [(now, bound, message_id, STREAMING) for message_id in beats],
             )
 
     def _write_heartbeat(self, message_id: str) -> None:
@@ -409,187 +432,3 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-class AnswerWriter:
-    """Accumulates one answer as it is sent, and writes it down.
-
-    ``append`` is called with each piece the server sends. The text lives
-    in memory and reaches the database at most every ``flush_interval``
-    seconds: on the append that finds the interval passed, or, if the model
-    goes quiet (a long pause, a slow token), from a timer, so an appended
-    piece never waits longer than the interval to be written. ``finish``
-    writes the final text and why it ended.
-
-    The same timer refreshes the heartbeat every ``beat_every`` seconds when
-    nothing new came: other processes sharing the file see the answer is
-    alive (``Lease.gone``). The timer is an entry in the event loop's timer
-    heap when the writer is made on a running loop (the server), else a
-    thread. A thread per answer cost a server streaming to 1,000 readers
-    1,000 threads, each started anew every second and each taking the GIL
-    from the event loop to write: the chapter 11 benchmark
-    (``benchmarks/many_streams.py``) measured gaps of 0.5 s between events
-    against a 50 ms schedule, and ten times the CPU per event of uvicorn + Starlette.
-
-    A second ``finish`` is ignored and returns the row as it stands: the
-    first ending to arrive wins (the same rule as the server's
-    ``stop_signal``), so a disconnect and the model's own end racing each
-    other cannot fail the request. ``append`` after ``finish`` raises
-    ``RuntimeError``: text after the end is a bug.
-
-    As a context manager, leaving the ``with`` by an exception finishes with
-    ``error`` (the exception in ``error``); by a cancellation or an interrupt
-    (``BaseException`` that is not an ``Exception``, such as asyncio's
-    ``CancelledError``) with ``interrupted``, since nothing failed: the work
-    was called off. Leaving normally without ``finish`` is a bug: the answer
-    is closed as ``error`` and ``RuntimeError`` is raised.
-    """
-
-    def __init__(self, store: Store, message: Message) -> None:
-        self._store = store
-        self.message_id = message.id
-        self.conversation_id = message.conversation_id
-        self._parts: list[str] = []
-        self._tokens = 0
-        self._dirty = False
-        self._finished: Message | None = None
-        self._last_flush = message.created
-        self._last_beat = message.created  # the row was born with our heartbeat
-        self._timer: threading.Timer | asyncio.TimerHandle | None = None
-        self._timer_due = 0.0  # when the timer fires, on the store's clock
-        # Guards the parts and the timer: appends come from the event loop,
-        # the timer fires in its own thread.
-        self._lock = threading.Lock()
-        with self._lock:
-            self._arm_locked()  # from the first moment: a long prefill sends nothing, yet is alive
-
-    @property
-    def text(self) -> str:
-        """All text appended so far (written to the database or not yet)."""
-        with self._lock:
-            return "".join(self._parts)
-
-    @property
-    def tokens(self) -> int:
-        return self._tokens
-
-    @property
-    def finished(self) -> bool:
-        return self._finished is not None
-
-    def append(self, text: str, tokens: int) -> None:
-        """Add a piece that is being sent to the reader.
-
-        ``tokens`` is the running total of generated tokens (a ``Piece``'s
-        ``tokens``), not an increment: a piece may hold several tokens, or none.
-        """
-        with self._lock:
-            if self._finished is not None:
-                raise RuntimeError("append after finish")
-            if tokens < self._tokens:
-                raise ValueError(f"tokens is the running total; it went from {self._tokens} to {tokens}")
-            self._parts.append(text)
-            self._tokens = tokens
-            self._dirty = True
-            if self._store.clock() - self._last_flush >= self._store.flush_interval:
-                self._flush_locked()
-            else:
-                # Nothing more may come for a while: make sure this piece is
-                # written within the interval anyway.
-                self._arm_locked()
-
-    def _arm_locked(self) -> None:
-        """Keep the one timer (one per answer, not per purpose) set for the waiting text's flush, else the heartbeat."""
-        store = self._store
-        wait, since = (store.flush_interval, self._last_flush) if self._dirty else (store.beat_every, self._last_beat)
-        due = since + wait
-        if self._timer is not None:
-            if self._timer_due <= due:
-                return
-            self._timer.cancel()
-        self._timer_due = due
-        self._timer = self._start_timer(min(max(due - store.clock(), 0.0), wait))
-
-    def _start_timer(self, delay: float) -> threading.Timer | asyncio.TimerHandle:
-        """``_on_timer`` in ``delay`` seconds: on the caller's event loop if it runs one, else in a thread."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            timer = threading.Timer(delay, self._on_timer)
-            timer.daemon = True
-            timer.start()
-            return timer
-        return loop.call_later(delay, self._on_timer)
-
-    def flush(self) -> None:
-        """Write the progress now (normally left to ``append`` and the timer)."""
-        with self._lock:
-            if self._finished is None:
-                self._flush_locked()
-
-    def _on_timer(self) -> None:
-        with self._lock:
-            self._timer = None
-            if self._finished is not None:
-                return
-            if self._dirty:
-                self._flush_locked()
-            else:
-                try:
-                    if self._store.clock() - self._last_beat >= self._store.beat_every:
-                        self._store._write_heartbeat(self.message_id)
-                        self._last_beat = self._store.clock()
-                finally:
-                    self._arm_locked()  # a failed write (a lock held too long) must not end the heartbeat
-        self._store._sweep_if_due()
-
-    def _flush_locked(self) -> None:
-        """Write what is waiting (the heartbeat with it), then set the timer for what is due next."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._last_flush = self._store.clock()
-        try:
-            if self._dirty:
-                self._store._write_progress(self.message_id, "".join(self._parts), self._tokens)
-                self._last_beat = self._last_flush
-                self._dirty = False
-        finally:
-            self._arm_locked()
-
-    def finish(self, stop_reason: str, *, error: str | None = None) -> Message:
-        """Write the final text, status ``done``, the stop reason and the incomplete flag.
-
-        Returns the finished row. Called again, it changes nothing and
-        returns the row from the first call.
-        """
-        if stop_reason not in STOP_REASONS:
-            raise ValueError(f"unknown stop reason {stop_reason!r}; expected one of {STOP_REASONS}")
-        with self._lock:
-            if self._finished is not None:
-                return self._finished
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._store._write_final(self.message_id, "".join(self._parts), self._tokens, stop_reason, error)
-            self._finished = self._store.get_message(self.message_id)
-        self._store._writers.discard(self)
-        return self._finished
-
-    def __enter__(self) -> AnswerWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.finished:
-            return
-        if exc is None:
-            self.finish(ERROR, error="the writer was closed without finish()")
-            raise RuntimeError("AnswerWriter left without finish(); closed as 'error'")
-        if isinstance(exc, Exception):
-            self.finish(ERROR, error=f"{type(exc).__name__}: {exc}")
-        else:
-            self.finish(INTERRUPTED, error=type(exc).__name__)
