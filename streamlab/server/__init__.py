@@ -45,6 +45,7 @@ The modules, each one thing:
     command.py            serve() and main(): python -m streamlab serve [--upstream URL]
     store.py              SQLite: conversations, partial answers, their stop reasons, who owns a streaming one
     store_schema.py       the file's tables, their migrations, the rows read back
+    store_answers.py      an answer written as it streams, every answer's tick flushed in one transaction
     store_file.py         opening the file: a path that is a folder, not writable or not SQLite is one line
 
     python -m streamlab serve --port 8000
