@@ -1,17 +1,19 @@
 """Decode formats side by side in one run: first token, tokens per second and perplexity, against float32.
 
     python benchmarks/decode_formats.py [--formats float32,bfloat16,int8,int4,split-int8,split-int4,split-bfloat16]
-                                        [--rounds 7] [--tokens 64] [--ppl-texts 20] [--tiny]
+        [--rounds 7] [--tokens 64] [--prefill-repeats 3] [--ppl-texts 20] [--threads N] [--tiny]
 
 Every format is made from the same loaded float32 model (streamlab.model.precision)
 and measured on the same prompts in the same run. A round takes one prompt of
-data/prompts.json in the chat template, as the server would send it, and for
-each format (in an order rotated every round, so a busy spell on the shared
-machine does not always hit the same one): the time to the first token (the
-prompt read, the first token picked) and the speed of greedy decoding of
-``--tokens`` more (a bare loop with the KV cache, nothing else). Ratios to
-float32 are taken within each round, then summarised as the median and the
-range over rounds: noise on the machine moves both sides of a ratio alike.
+data/prompts.json in the chat template, as the server would send it, and
+measures every format on it, interleaved: the prompt read ``--prefill-repeats``
+times a format in turns (the time to the first token: the prompt read, the
+first token picked; the fastest read counts), then one greedy decode step a
+format in turns, ``--tokens`` times (a bare loop with the KV cache; tokens per
+second is one over the median step). Each round rotates which format goes
+first. Ratios to float32 are taken within each round, then summarised as the
+median and the range over rounds: a busy spell on the shared machine moves
+both sides of a ratio alike.
 
 Perplexity is deterministic, so it is measured once per format: the human
 continuation of every item of data/prompts.json, teacher-forced after its
@@ -54,19 +56,42 @@ def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
     return list(map(int, ids))
 
 
-def one_reader(runner: Runner, ids: list[int], tokens: int) -> dict[str, Any]:
-    """First token (the prompt read) and ``tokens`` greedy decode steps after it, timed apart."""
+def read_prompt(runner: Runner, ids: list[int]) -> tuple[float, Any, int]:
+    """The time to the first token (the prompt read, the token picked), the cache it leaves, and the token."""
     cache = runner.new_cache()
     started = time.perf_counter()
     out = runner.prefill(ids, cache, logits_to_keep=1)
-    made = [int(out.logits[0, -1].argmax())]
-    first = time.perf_counter() - started
-    started = time.perf_counter()
+    token = int(out.logits[0, -1].argmax())
+    return time.perf_counter() - started, cache, token
+
+
+def one_round(runners: dict[str, Runner], order: list[str], ids: list[int], tokens: int,
+              repeats: int) -> dict[str, dict[str, Any]]:
+    """One prompt, every format: prompt reads and then decode steps, interleaved format by format.
+
+    The prompt is read ``repeats`` times a format, in turns, and the fastest
+    read counts (the machine's other work only ever adds to a latency). Then
+    the formats take one decode step each, in turns, ``tokens`` times: a busy
+    spell lands on every format alike, and a format's speed is one over its
+    median step (a step stretched by a spike does not move it).
+    """
+    firsts: dict[str, list[float]] = {name: [] for name in order}
+    state: dict[str, tuple[Any, list[int]]] = {}
+    for _ in range(repeats):
+        for name in order:
+            seconds, cache, token = read_prompt(runners[name], ids)
+            firsts[name].append(seconds)
+            state[name] = (cache, [token])
+    steps: dict[str, list[float]] = {name: [] for name in order}
     for _ in range(tokens):
-        out = runner.decode([made[-1]], cache)
-        made.append(int(out.logits[0, -1].argmax()))
-    decode = time.perf_counter() - started
-    return {"first": first, "tokens_per_s": tokens / decode, "made": made}
+        for name in order:
+            cache, made = state[name]
+            started = time.perf_counter()
+            out = runners[name].decode([made[-1]], cache)
+            made.append(int(out.logits[0, -1].argmax()))
+            steps[name].append(time.perf_counter() - started)
+    return {name: {"first": min(firsts[name]), "tokens_per_s": 1 / statistics.median(steps[name]),
+                   "step_max_s": max(steps[name]), "made": state[name][1]} for name in order}
 
 
 def agreement(a: list[int], b: list[int]) -> int:
@@ -99,12 +124,16 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens decoded after the first")
+    parser.add_argument("--prefill-repeats", type=int, default=3, help="prompt reads a format a round (the best counts)")
     parser.add_argument("--ppl-texts", type=int, default=20, help="human texts scored (of data/prompts.json's 20)")
     parser.add_argument("--ppl-tokens", type=int, default=0, help="score at most this many tokens of each (0: all)")
+    parser.add_argument("--threads", type=int, default=0, help="torch's threads for the run (0: its default)")
     parser.add_argument("--tiny", action="store_true", help="a quick run for the test (2 rounds, 4 tokens, 2 short texts)")
     args = parser.parse_args(argv)
     if args.tiny:
-        args.rounds, args.tokens, args.ppl_texts, args.ppl_tokens = 2, 4, 2, 16
+        args.rounds, args.tokens, args.prefill_repeats, args.ppl_texts, args.ppl_tokens = 2, 4, 1, 2, 16
+    if args.threads:
+        torch.set_num_threads(args.threads)
     names = [get_format(n).name for n in args.formats.split(",")]
     if "float32" not in names:
         names.insert(0, "float32")  # every ratio is to float32
@@ -112,7 +141,8 @@ def main(argv: list[str] | None = None) -> Report:
     tok = lm.tokenizer
     items = load_prompts()
     report = Report("decode_formats", params={
-        "formats": names, "rounds": args.rounds, "tokens": args.tokens, "ppl_texts": args.ppl_texts,
+        "formats": names, "rounds": args.rounds, "tokens": args.tokens, "prefill_repeats": args.prefill_repeats,
+        "ppl_texts": args.ppl_texts,
         "ppl_tokens": args.ppl_tokens, "model": lm.name, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 2),
     })
@@ -120,15 +150,16 @@ def main(argv: list[str] | None = None) -> Report:
           f"load average {os.getloadavg()[0]:.1f} (above the core count: other programs are competing)", flush=True)
     runners = {name: make_runner(lm.model, name) for name in names}
 
-    warm = chat_ids(tok, items[-1]["prompt"])
-    for runner in runners.values():  # first calls pay for allocations and kernel set-up
-        one_reader(runner, warm, 2)
+    # First calls pay for allocations and kernel set-up: a prompt of another length, a few steps, untimed.
+    one_round(runners, names, chat_ids(tok, items[-1]["prompt"]), 2, 1)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(args.rounds):
         ids = chat_ids(tok, items[r % len(items)]["prompt"])
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            runs[name].append(one_reader(runners[name], ids, args.tokens))
+        order = names[r % len(names):] + names[: r % len(names)]  # who goes first changes every round
+        for name, run in one_round(runners, order, ids, args.tokens, args.prefill_repeats).items():
+            runs[name].append(run)
+        print(f"  round {r + 1}/{args.rounds} ({len(ids)}-token prompt): "
+              + ", ".join(f"{name} {runs[name][-1]['tokens_per_s']:.1f} tok/s" for name in names), flush=True)
 
     texts = []
     for item in items[: args.ppl_texts]:
@@ -137,7 +168,11 @@ def main(argv: list[str] | None = None) -> Report:
             human = tok.decode(tok(human, add_special_tokens=False)["input_ids"][: args.ppl_tokens])
         texts.append((item["prompt"], human))
     pairs = encode_pairs(tok, texts)
-    ppl = {name: perplexity(runners[name], pairs) for name in names}
+    ppl = {}
+    for name in names:  # deterministic: once per format
+        started = time.perf_counter()
+        ppl[name] = perplexity(runners[name], pairs)
+        print(f"  perplexity {name}: {ppl[name].value:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
 
     base = runs["float32"]
     rows, summary = [], {}
