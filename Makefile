@@ -41,7 +41,7 @@ test: $(STAMP) system-deps
 	$(BIN)/python -m streamlab info --tokens 20
 	@# Two workers: the chapters one after another on one (conftest.py groups them), the rest spread
 	@# around them. PYTEST_WORKERS=0 runs everything in this one process.
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # Every benchmark in benchmarks/, side by side, its figures and ratios printed and kept in build/bench/*.json,
 # then one summary of every target. Timings belong here, never in the tests (the machines are shared and noisy).
