@@ -1,23 +1,10 @@
-"""What every benchmark prints and keeps: figures, ratios and targets, as lines and as JSON.
+"""``make bench``: every benchmark in benchmarks/ in its own process, then one summary of every target.
 
-A benchmark makes one :class:`Report`, records what it measured, and saves it::
-
-    report = Report("detokenizer", params={"tokens": 4096})
-    report.figure("decodestream_us", 0.9, "µs/token")
-    report.ratio("window_vs_decodestream", 1.8, target=2.0)      # met when ≤ target
-    report.save()                                                # build/bench/detokenizer.json
-
-Each call prints one line a person reads and a test (or ``make bench``'s summary)
-parses::
-
-    detokenizer: decodestream_us = 0.9 µs/token
-    detokenizer: window_vs_decodestream = 1.80x  (target ≤ 2: met)
-
-Timings are never assertions in the test suite (the machines are shared and
-noisy): a target here is reported as met or missed, with by how much, and the
-README quotes the run. ``python -m streamlab.book.bench`` runs them (``make bench``)
-and prints the summary table of every saved report; :mod:`streamlab.lab.measures`
-holds ``Report`` itself.
+Each benchmark records what it measured in a :class:`streamlab.lab.measures.Report`
+(the printed lines and ``build/bench/NAME.json``); this module runs them and reads
+the saved reports back. Timings are never assertions in the test suite (the
+machines are shared and noisy): a target is reported as met or missed, with by
+how much, and docs/benchmarks.md quotes the run.
 """
 
 from __future__ import annotations

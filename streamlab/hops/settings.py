@@ -27,7 +27,7 @@ from typing import Any, Optional, Protocol
 
 from streamlab.hops.compress import GZIP_MODES
 from streamlab.hops.forwarders import DEFAULT_BLOCK
-from streamlab.net.settings import Setting, Settings, fields, make_config
+from streamlab.net.settings import Setting, Settings, fields, fixed, make_config
 from streamlab.protocol import sse
 
 __all__ = [
@@ -121,17 +121,12 @@ COMMAND = Settings(
 )
 
 
-def _fixed(name: str, default: object, unit: str, help: str) -> Setting:
-    """A bound with no flag and no field: listed so the table shows every bound the proxy keeps."""
-    return Setting(name, default, unit, help, flag=None, field=False)
-
-
 FIXED = Settings(
     "Fixed in the proxy's code",
-    _fixed("head_timeout", 30.0, "s", "a client must send its whole request, head and body, within this (408)"),
-    _fixed("max_body", 1 << 20, "bytes", "refuse a request body larger than this (413)"),
-    _fixed("connect_timeout", 10.0, "s", "give up connecting to the upstream after this (502)"),
-    _fixed("max_log_records", 1000, "exchanges", "GET /_proxy/log keeps this many, the oldest going first"),
+    fixed("head_timeout", 30.0, "s", "a client must send its whole request, head and body, within this (408)"),
+    fixed("max_body", 1 << 20, "bytes", "refuse a request body larger than this (413)"),
+    fixed("connect_timeout", 10.0, "s", "give up connecting to the upstream after this (502)"),
+    fixed("max_log_records", 1000, "exchanges", "GET /_proxy/log keeps this many, the oldest going first"),
 )
 
 # A platform passes each byte on as the function writes it: a runtime that

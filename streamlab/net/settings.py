@@ -200,6 +200,11 @@ def quantity(value: float, unit: str) -> str:
     return f"{number} {unit}"
 
 
+def fixed(name: str, default: object, unit: str, help: str) -> Setting:
+    """A bound with no flag and no field: declared so the table of limits shows every bound a program keeps."""
+    return Setting(name, default, unit, help, flag=None, field=False)
+
+
 class Settings:
     """A titled group of settings: one section of ``--help``, one table, some fields of a config."""
 

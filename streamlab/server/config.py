@@ -21,7 +21,7 @@ import argparse
 
 from streamlab.model.generation import PREFILL_CHUNK
 from streamlab.net.errors import ArgumentParser
-from streamlab.net.settings import Setting, Settings, config_values, make_config
+from streamlab.net.settings import Setting, Settings, config_values, fixed, make_config
 
 READ_SIZE = 65536  # bytes asked of the socket per read: a buffer size, not a limit
 # The names a browser may use for this server. Any other Host is a page that
@@ -184,21 +184,16 @@ COMMAND = Settings(
 
 
 
-def _fixed(name: str, default: object, unit: str, help: str) -> Setting:
-    """A bound with no flag and no field: listed so the table shows every bound the server keeps."""
-    return Setting(name, default, unit, help, flag=None, field=False)
-
-
 FIXED = Settings(
     "Fixed in the code",
-    _fixed("max_json_depth", 32, "levels", "refuse JSON nested deeper (400); a generation request needs 2"),
-    _fixed("max_ws_message", 1 << 20, "bytes", "close a WebSocket (1009) whose message is larger"),
-    _fixed("ws_close_wait", 2.0, "s", "wait this long for the peer's CLOSE after sending ours"),
-    _fixed("linger_seconds", 1.0, "s", "keep reading this long after an error response, so the client sees it"
+    fixed("max_json_depth", 32, "levels", "refuse JSON nested deeper (400); a generation request needs 2"),
+    fixed("max_ws_message", 1 << 20, "bytes", "close a WebSocket (1009) whose message is larger"),
+    fixed("ws_close_wait", 2.0, "s", "wait this long for the peer's CLOSE after sending ours"),
+    fixed("linger_seconds", 1.0, "s", "keep reading this long after an error response, so the client sees it"
            " (ClientConnection.linger_and_close)"),
-    _fixed("retry_after", 1, "s", "the Retry-After of a 503"),
-    _fixed("retry_ms", 1000, "ms", "SSE \"retry:\": how soon an EventSource reconnects after a drop"),
-    _fixed("max_log_records", 1000, "records", "the /log keeps this many, the oldest going first"),
+    fixed("retry_after", 1, "s", "the Retry-After of a 503"),
+    fixed("retry_ms", 1000, "ms", "SSE \"retry:\": how soon an EventSource reconnects after a drop"),
+    fixed("max_log_records", 1000, "records", "the /log keeps this many, the oldest going first"),
 )
 
 CONFIG = (LISTENING, REQUESTS, STREAMING, GENERATING, EXPERIMENTS)  # the groups ServerConfig's fields come from
