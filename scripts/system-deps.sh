@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the tests and chapters use: nginx (chapter 6), chromium + chromium-driver
-# (the browser tests), curl. Installs only what is missing, and only where it can (root or
+# (the browser tests), curl, redis-server (chapter 13's shared log). Installs only what is missing, and only where it can (root or
 # password-less sudo); elsewhere it says what to install and the tests that need it skip.
 set -euo pipefail
 
@@ -9,6 +9,7 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -47,4 +48,7 @@ export DEBIAN_FRONTEND=noninteractive
 # Belt and braces: if a service started anyway, stop it.
 if pgrep -x nginx >/dev/null 2>&1 && [ -f /run/nginx.pid ]; then
   "${sudo[@]}" nginx -s stop 2>/dev/null || true
+fi
+if [ -f /run/redis/redis-server.pid ] && command -v service >/dev/null 2>&1; then
+  "${sudo[@]}" service redis-server stop 2>/dev/null || true  # ours start on free ports, with their own folders
 fi
