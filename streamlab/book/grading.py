@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
+import contextlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ __all__ = [
     "grade_notebook",
     "hex_bytes",
     "main",
+    "scripted_server",
     "show",
     "solution_for",
     "try_it",
@@ -333,6 +335,34 @@ class CountingTokenizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
+
+
+@contextmanager
+def scripted_server(rate: float = 100.0, **config: Any) -> Iterator[Any]:
+    """``with scripted_server(50) as server:`` the course's real server in this process, over the scripted source.
+
+    No model to load: every answer is the scripted text at ``rate`` tokens a
+    second (``streamlab.server.scripted``), and everything else is the real
+    server (routes, guards, formats, ``/generations``, ``/log``), on a free
+    port (``server.port``), with a throwaway store, stopped on the way out. So
+    an exercise checks the student's code against a real server in a second.
+    ``config`` goes to ``ServerConfig`` (``forget=True``, ``max_active=1``...).
+    The store's start-up line is kept out of the notebook.
+    """
+    import io
+
+    from streamlab.lab.runner import serve_in_process
+    from streamlab.server.scripted import ScriptedEngine
+
+    quiet = io.StringIO()
+    with contextlib.redirect_stderr(quiet):
+        started = serve_in_process(ScriptedEngine(rate), **config)
+        server = started.__enter__()
+    try:
+        yield server
+    finally:
+        with contextlib.redirect_stderr(quiet):
+            started.__exit__(None, None, None)
 
 
 def format_table(checks: Sequence[dict[str, Any]]) -> str:
