@@ -86,13 +86,17 @@ def unavailable_reason() -> str | None:
 
 
 @contextmanager
-def chromium(*, width: int = 1280, height: int = 800, network_log: bool = False) -> Iterator["Chrome"]:
+def chromium(
+    *, width: int = 1280, height: int = 800, network_log: bool = False, flags: tuple[str, ...] = ()
+) -> Iterator["Chrome"]:
     """A headless Chromium with a fresh profile, its viewport ``width`` x ``height``; quit on the way out.
 
     The browser's console is kept (``driver.get_log("browser")``) so a test
     can assert the page logged no errors. With ``network_log``, so are its
     DevTools network events (``driver.get_log("performance")``): what went
     over the wire, status codes the page itself is never shown included.
+    ``flags`` are added to ``CHROMIUM_FLAGS`` (e.g. the one that trusts an
+    experiment's own certificate, ``streamlab.hops.tls``).
     """
     reason = unavailable_reason()
     if reason:
@@ -107,7 +111,7 @@ def chromium(*, width: int = 1280, height: int = 800, network_log: bool = False)
     profile = tempfile.mkdtemp(prefix="streamlab-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in CHROMIUM_FLAGS:
+    for flag in (*CHROMIUM_FLAGS, *flags):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     logs = {"browser": "ALL", "performance": "ALL"} if network_log else {"browser": "ALL"}

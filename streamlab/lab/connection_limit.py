@@ -1,0 +1,180 @@
+"""Many event streams in one browser page: the 6-connections-per-host limit, and HTTP/2 lifting it.
+
+A browser keeps at most six HTTP/1.1 connections open to one host (scheme,
+name and port), and an HTTP/1.1 connection carries one response at a time. An
+event stream is a response that stays open for the whole answer, so a page
+that opens eight ``EventSource`` streams to one origin gets six; the seventh
+and eighth wait, sent nowhere, until one of the six ends. HTTP/2 carries many
+requests on one connection at once, each a *stream* of its own (multiplexing),
+so the same eight go out together on one connection.
+
+``run_paths`` measures it in headless Chromium. Each path is an origin the
+page is loaded from (our server directly, or nginx in front of it, with TLS,
+speaking HTTP/1.1 or HTTP/2); for each, the page opens ``streams`` event
+streams at the same instant (``PAGE_SCRIPT``) and records, in the page's own
+clock, when each stream's response arrived, its first event and its end. The
+browser's DevTools log says which protocol and which connection carried each
+stream. The server is expected to be run with ``--forget``, so that each
+answer is generated from the moment its reader connects (a stream that waits
+for a connection also waits for its first word), and a scripted source
+(``--scripted-rate``), so every answer is as long as every other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+from urllib.parse import urlsplit
+
+from streamlab.client.timed import create_generation_sync
+from streamlab.lab.headless import chromium, wait_for
+
+if TYPE_CHECKING:
+    from selenium.webdriver import Chrome
+
+__all__ = ["PAGE_SCRIPT", "PathRun", "StreamTiming", "connections_of", "open_streams", "run_paths"]
+
+# What the page runs: every stream opened at the same instant, each one timed in the page's own clock.
+PAGE_SCRIPT = """
+const urls = arguments[0];
+const t0 = performance.now();
+const since = () => (performance.now() - t0) / 1000;  // seconds since the page opened them all
+window.streams = urls.map((url, i) => {
+  const s = { stream: i + 1, url: new URL(url, location.href).href,
+              opened: null, first_event: null, end: null, pieces: 0, errors: 0 };
+  const source = new EventSource(url);
+  source.onopen = () => { s.opened = since(); };          // the response's head arrived
+  source.onmessage = () => {                               // a piece of the answer
+    s.pieces += 1;
+    if (s.first_event === null) s.first_event = since();
+  };
+  source.addEventListener("end", () => { s.end = since(); source.close(); });
+  source.onerror = () => { s.errors += 1; };
+  return s;
+});
+"""
+
+
+@dataclass
+class StreamTiming:
+    """One event stream, as the page saw it: seconds since all of them were opened."""
+
+    stream: int
+    url: str
+    opened: float | None
+    first_event: float | None
+    end: float | None
+    pieces: int
+    errors: int
+    protocol: str | None = None  # as Chromium names it: "http/1.1", "h2"
+    connection: int | None = None  # Chromium's id of the connection that carried it
+
+
+@dataclass
+class PathRun:
+    """Every stream of one path (one origin), and what carried them."""
+
+    label: str
+    origin: str
+    streams: list[StreamTiming] = field(default_factory=list)
+
+    @property
+    def protocols(self) -> list[str]:
+        return sorted({s.protocol for s in self.streams if s.protocol})
+
+    @property
+    def connections(self) -> int:
+        """How many connections carried the streams (Chromium's ids, counted once each)."""
+        return len({s.connection for s in self.streams if s.connection is not None})
+
+    def most_at_once(self) -> int:
+        """The most streams open together (from a response's arrival to its end), by the page's clock."""
+        marks = sorted([(s.opened, 1) for s in self.streams if s.opened is not None]
+                       + [(s.end, -1) for s in self.streams if s.end is not None])
+        most = open_now = 0
+        for _, step in marks:  # at a tie an end comes first (-1 < 1): a connection freed, then reused
+            open_now += step
+            most = max(most, open_now)
+        return most
+
+    def first_end(self) -> float:
+        """When the earliest stream ended."""
+        return min(s.end for s in self.streams if s.end is not None)
+
+    def waited(self) -> list[StreamTiming]:
+        """The streams whose first event came only after a stream had ended."""
+        first_end = self.first_end()
+        return [s for s in self.streams if s.first_event is not None and s.first_event >= first_end]
+
+    def row(self) -> dict[str, Any]:
+        return {"path": self.label, **{k: v for k, v in asdict(self).items() if k != "streams"},
+                "protocols": self.protocols, "connections": self.connections, "most at once": self.most_at_once(),
+                "streams": [asdict(s) for s in self.streams]}
+
+
+def open_streams(driver: "Chrome", origin: str, paths: Sequence[str], *, timeout: float = 60.0) -> list[StreamTiming]:
+    """Load ``origin``'s ``/health``, open an EventSource on each of ``paths`` at once, wait for every end event."""
+    driver.get(origin.rstrip("/") + "/health")
+    driver.execute_script(PAGE_SCRIPT, list(paths))
+
+    def ended() -> list[dict] | None:
+        streams = driver.execute_script("return window.streams")
+        return streams if all(s["end"] is not None for s in streams) else None
+
+    try:
+        streams = wait_for(ended, timeout, f"{len(paths)} event streams from {origin} to end", interval=0.1)
+    except TimeoutError as err:
+        seen = driver.execute_script("return window.streams")
+        raise TimeoutError(f"{err}; the page saw: {json.dumps(seen)}") from None
+    return [StreamTiming(**s) for s in streams]
+
+
+def connections_of(entries: list[dict]) -> dict[str, tuple[str | None, int | None]]:
+    """Chromium's performance-log entries → each response's URL: (protocol, connection id)."""
+    carried: dict[str, tuple[str | None, int | None]] = {}
+    for entry in entries:
+        try:
+            message = json.loads(entry["message"])["message"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if message.get("method") == "Network.responseReceived":
+            response = message["params"]["response"]
+            connection = response.get("connectionId")
+            carried[response["url"]] = (response.get("protocol"), int(connection) if connection is not None else None)
+    return carried
+
+
+def run_paths(
+    origins: dict[str, str],
+    server_port: int,
+    *,
+    streams: int = 8,
+    tokens: int = 60,
+    flags: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> dict[str, PathRun]:
+    """For each ``label -> origin``, one page opening ``streams`` event streams of ``tokens``-piece answers.
+
+    The generations are made on our server (``POST /generations`` on
+    ``server_port``; with ``--forget`` none starts until its reader
+    connects), and read through the path's origin. One browser for every
+    path, one path after another: each origin has connections of its own.
+    """
+    body = {"prompt": "Tell me about the lighthouse.", "max_tokens": tokens}
+    runs: dict[str, PathRun] = {}
+    with chromium(network_log=True, flags=tuple(flags)) as driver:
+        for label, origin in origins.items():
+            events = [create_generation_sync(server_port, body)["events"] for _ in range(streams)]
+            driver.get_log("performance")  # what came before this path is not this path's
+            timings = open_streams(driver, origin, events, timeout=timeout)
+            carried = connections_of(driver.get_log("performance"))
+            for timing in timings:
+                timing.protocol, timing.connection = carried.get(timing.url, (None, None))
+            runs[label] = PathRun(label, origin, timings)
+    return runs
+
+
+def host_of(origin: str) -> str:
+    """``https://127.0.0.1:8443`` → ``127.0.0.1:8443``: how a chapter names an origin in prose."""
+    return urlsplit(origin).netloc
