@@ -77,6 +77,26 @@ def test_one_generation_alone_gives_the_threads_answer(lm, engine):
 
 
 @model
+def test_a_lone_generation_is_stepped_as_a_bare_loop_is_and_a_ragged_batch_with_a_mask(lm, engine):
+    steps = []
+    forward = engine._forward
+
+    def spy(ids, cache, **kwargs):
+        if ids.shape[1] == 1:  # a decode step (a prompt chunk has the chunk's length)
+            steps.append((ids.shape[0], sorted(kwargs)))
+        return forward(ids, cache, **kwargs)
+
+    engine._forward = spy
+    thread = alone(lm, PROMPTS[1], max_tokens=5, ignore_eos=True)
+    (lone,) = results([Generation(lm, PROMPTS[1], max_tokens=5, ignore_eos=True, scheduler=engine)])
+    assert lone.text == thread.text
+    assert steps == [(1, [])] * 4  # no mask, no positions: the cache's length is the row's position
+    steps.clear()
+    results([Generation(lm, p, max_tokens=5, ignore_eos=True, scheduler=engine) for p in PROMPTS[:2]])
+    assert (2, ["attention_mask", "position_ids"]) in steps  # rows of two lengths: padding to mask
+
+
+@model
 def test_rows_of_different_lengths_each_get_their_own_answer(lm, engine):
     prompts = PROMPTS
     greedy = dict(max_tokens=8, ignore_eos=True, temperature=0.0, chat=False)

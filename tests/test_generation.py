@@ -458,3 +458,60 @@ def test_generation_ends_at_a_stop_sequence_without_sending_it():
     assert result.stop_sequence == "Red"
     untouched = generate_text(lm, "fish", stop_sequences=["purple"], max_tokens=100)
     assert untouched.text == "One fish, two fish. Red fish, blue fish." and untouched.stop_reason == "eos"
+
+
+# -- the hand-over: the model waits for a waiting reader to take its piece ---------
+
+from streamlab.model import generation as generation_module  # noqa: E402
+from streamlab.model.generation import PieceQueue  # noqa: E402
+
+
+def test_a_queue_says_when_its_reader_waits_and_when_it_caught_up():
+    async def main():
+        queue = PieceQueue()
+        assert not queue.reader_waiting()
+        cue = queue.caught_up()
+        ready = queue.ready()  # nothing queued: the reader parks
+        assert queue.reader_waiting() and cue.is_set()
+        cue.clear()
+        queue.put_nowait("piece")
+        assert ready.done() and not queue.reader_waiting()
+        assert queue.ready().done() and not cue.is_set()  # an item was there: it did not catch up yet
+        queue.get_nowait()
+        queue.ready()
+        assert cue.is_set()
+
+    run_sync(main())
+
+
+def test_the_thread_lets_a_waiting_reader_take_each_piece_before_it_makes_the_next(monkeypatch):
+    monkeypatch.setattr(generation_module, "HANDOVER_WAIT", 5.0)  # never the bound here: the reader always comes
+    # A slow prompt: the reader is parked before the first piece. The tokens are instant.
+    lm = FakeLM("abcdefghij", prefill_seconds_per_token=0.005)
+    gen = Generation(lm, "hi", max_tokens=10, ignore_eos=True, chat=False)
+    got = []
+
+    async def main():
+        async for piece in gen:
+            time.sleep(0.003)  # the reader's work with the piece (the server's write), the loop held
+            got.append((piece.time, time.perf_counter()))
+        return await gen.wait()
+
+    result = run_sync(main())
+    assert result.tokens == 10 and len(got) == 10
+    # Each piece was made after the reader was done with the one before (left alone, the instant
+    # fake would have made them all while the reader slept over the first).
+    assert all(made > done for (made, _), (_, done) in zip(got[1:], got))
+
+
+def test_a_generation_nobody_reads_is_not_held_back(monkeypatch):
+    monkeypatch.setattr(generation_module, "HANDOVER_WAIT", 5.0)
+    gen = Generation(FakeLM("abcdefghij"), "hi", max_tokens=30, ignore_eos=True, chat=False)
+
+    async def main():
+        gen.start()
+        return await gen.wait()
+
+    started = time.perf_counter()
+    assert run_sync(main()).tokens == 30
+    assert time.perf_counter() - started < 5.0  # not one wait: no reader was ever parked

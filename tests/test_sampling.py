@@ -57,3 +57,35 @@ def test_repetition_penalty_discourages_recent_tokens():
 def test_bad_parameters(kwargs):
     with pytest.raises(ValueError):
         Sampler(**kwargs)
+
+
+def _whole_vocabulary(sampler: Sampler, logits: torch.Tensor, previous) -> int:
+    """The sampler as it was before the candidates' way: every probability, then ``nucleus_choice``."""
+    import numpy as np
+
+    from streamlab.model.sampling import nucleus_choice
+
+    x = logits.float().numpy().astype(np.float32, copy=True)
+    recent = np.fromiter(sorted(set(previous[-sampler.window:])), dtype=np.int64)
+    scores = x[recent]
+    x[recent] = np.where(scores > 0, scores / sampler.repetition_penalty, scores * sampler.repetition_penalty)
+    scaled = x / np.float32(sampler.temperature)
+    weights = np.exp(scaled - scaled.max())
+    return nucleus_choice(torch.from_numpy(weights / weights.sum()), sampler.top_p, sampler.generator)
+
+
+def test_the_likeliest_candidates_draw_what_the_whole_vocabulary_draws(monkeypatch):
+    from streamlab.model import sampling
+
+    taken = []
+    candidates = sampling._nucleus_of_candidates
+    monkeypatch.setattr(sampling, "_nucleus_of_candidates", lambda *a: taken.append(candidates(*a)) or taken[-1])
+    g = torch.Generator().manual_seed(5)
+    for trial in range(60):
+        # From flat (the whole vocabulary's way is taken) to as sure as a small model usually is.
+        logits = torch.randn(49152, generator=g) * (1, 5, 10, 20)[trial % 4]
+        top_p = (0.9, 0.5, 0.99)[trial % 3]
+        fast, whole = Sampler(seed=trial, top_p=top_p), Sampler(seed=trial, top_p=top_p)
+        previous = list(range(trial, trial + 40))
+        assert [fast(logits, previous) for _ in range(4)] == [_whole_vocabulary(whole, logits, previous) for _ in range(4)]
+    assert any(t is not None for t in taken) and any(t is None for t in taken)  # both ways were taken

@@ -15,7 +15,9 @@ arithmetic, so a pass over 8 rows costs little more than a pass over one.
    of it (short prompts share the turn, up to one chunk's worth of tokens);
 3. **one decode step** for every generation that is decoding, together:
    ``input_ids`` ``[B, 1]``, one left-padded KV cache for the batch, a 2D
-   attention mask with 0 for the padding, each row's own ``position_ids``;
+   attention mask with 0 for the padding, each row's own ``position_ids``
+   (while the batch is *dense*, no padding and no holes, as a batch of one
+   nearly always is, neither: the step is then a bare loop's);
    each row sampled with its generation's own :class:`Sampler` (so an answer
    is the one its seed gives alone) and handed to ``Generation.accept``,
    the very move the thread makes for each token.
@@ -49,6 +51,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamlab.model.generation import HANDOVER_WAIT
 from streamlab.protocol.endings import ERROR
 
 # A row that misses this many steps in a row (its reader is behind, or it is
@@ -109,7 +112,11 @@ class BatchedEngine:
 
     ``Generation(lm, ..., scheduler=engine)`` (or ``engine.submit(gen)`` from
     ``gen.start``) hands a generation over instead of starting its thread.
+    ``handover_wait``: the longest one step waits for the event loop to write
+    what it handed over (0: never), see ``Generation.await_reader``.
     """
+
+    handover_wait = HANDOVER_WAIT
 
     def __init__(self, lm: Any) -> None:
         self.lm = lm
@@ -128,6 +135,7 @@ class BatchedEngine:
         self._outside: list[_Slot] = []  # ready to decode but not in the batch (new, or parked)
         self._cache: Any = None
         self._mask: Any = None  # [B, T] 1 for a real position, 0 for padding or a hole
+        self._dense = False  # the mask has no 0: no padding, no holes (each row's position is the cache's length)
 
     def __repr__(self) -> str:
         return f"<BatchedEngine {self.lm.name if hasattr(self.lm, 'name') else ''} batch={len(self._batch)}>"
@@ -333,6 +341,12 @@ class BatchedEngine:
             pause = gen.pauses.get(gen.tokens)
             if pause:
                 slot.resume_at = now + pause
+        # Let the event loop write what was just handed over before the next forward pass (see
+        # Generation.await_reader): one deadline for the whole step, however many rows it had.
+        deadline = time.perf_counter() + self.handover_wait
+        for slot in slots:
+            if not slot.ended:
+                slot.gen.await_reader(deadline - time.perf_counter())
 
     @staticmethod
     def _may_step(slot: _Slot, now: float) -> bool:
@@ -359,14 +373,27 @@ class BatchedEngine:
         if members != self._batch:
             self._rebuild(members)
         batch = self._batch
-        step = torch.tensor([[1 if s in stepping else 0] for s in batch], dtype=self._mask.dtype)
-        ids = torch.tensor([[s.next_token if s in stepping else self._pad_id] for s in batch], dtype=torch.long)
-        positions = torch.tensor([[s.position] for s in batch], dtype=torch.long)
+        device = self.lm.device
+        # Dense (no padding, no holes so far, every row stepping now): each row's position is the cache's
+        # length and every position is attended, which is what the model assumes given neither a mask
+        # nor positions. A batch of one is nearly always dense: its step is then the bare loop's.
+        dense = self._dense = self._dense and len(stepping) == len(batch)
+        if dense:
+            step = torch.ones(len(batch), 1, dtype=self._mask.dtype)
+            ids = torch.tensor([[s.next_token] for s in batch], dtype=torch.long, device=device)
+            extra: dict[str, Any] = {}
+        else:
+            step = torch.tensor([[1 if s in stepping else 0] for s in batch], dtype=self._mask.dtype)
+            ids = torch.tensor([[s.next_token if s in stepping else self._pad_id] for s in batch], dtype=torch.long)
+            positions = torch.tensor([[s.position] for s in batch], dtype=torch.long)
+            ids = ids.to(device)
+            extra = {"position_ids": positions.to(device)}
         mask = torch.cat([self._mask, step], dim=1)
+        if not dense:
+            extra["attention_mask"] = mask.to(device)
         started = time.perf_counter()
         try:
-            logits = self._forward(ids.to(self.lm.device), self._cache,
-                                   attention_mask=mask.to(self.lm.device), position_ids=positions.to(self.lm.device))
+            logits = self._forward(ids, self._cache, **extra)
         except Exception as exc:  # noqa: BLE001 - the whole batch fails together
             for slot in batch:
                 self._end(slot, ERROR, f"{type(exc).__name__}: {exc}")
@@ -381,6 +408,11 @@ class BatchedEngine:
         stats.holes += len(batch) - len(stepping)
         stats.max_batch = max(stats.max_batch, len(stepping))
         self._mask = mask
+        if dense:  # every row stepped: the logits are in the batch's order already
+            for slot in batch:
+                slot.position += 1
+            self._sample(batch, logits)
+            return True
         rows = [i for i, s in enumerate(batch) if s in stepping]
         for i in rows:
             batch[i].position += 1
@@ -457,6 +489,7 @@ class BatchedEngine:
         self._batch = list(members)
         self._cache = self._new_cache(layers)
         self._mask = mask
+        self._dense = bool(mask.all())
         self.stats.rebuilds += 1
         self.stats.rebuild_seconds += time.perf_counter() - started
 

@@ -56,10 +56,13 @@ class Sampler:
             return int(np.argmax(x))
         scaled = x / np.float32(self.temperature)
         weights = np.exp(scaled - scaled.max())
+        total = weights.sum()
+        token = _nucleus_of_candidates(weights, total, self.top_p, self.generator)
+        if token is not None:
+            return token
         import torch
 
-        probs = torch.from_numpy(weights / weights.sum())
-        return nucleus_choice(probs, self.top_p, self.generator)
+        return nucleus_choice(torch.from_numpy(weights / total), self.top_p, self.generator)
 
 
 # How many of the most likely tokens nucleus sampling sorts first. Sorting all
@@ -81,6 +84,13 @@ def nucleus_choice(probs: torch.Tensor, top_p: float, generator: torch.Generator
         if k == size or float(sorted_probs.sum()) >= top_p:
             break
         k = min(k * 8, size)
+    return int(order[_draw(sorted_probs, top_p, generator)])
+
+
+def _draw(sorted_probs: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
+    """The position drawn among probabilities sorted most likely first, cut where they reach ``top_p``."""
+    import torch
+
     cumulative = torch.cumsum(sorted_probs, dim=-1)
     # Keep a token if the mass *before* it is still short of top_p: the first
     # token always survives, and the set stops right after crossing top_p.
@@ -88,5 +98,41 @@ def nucleus_choice(probs: torch.Tensor, top_p: float, generator: torch.Generator
     kept = sorted_probs * keep
     # One uniform draw against the kept mass (with replacement, one sample):
     # the choice does not depend on how many zeros follow the kept tokens.
-    choice = torch.multinomial(kept / kept.sum(), 1, replacement=True, generator=generator)
-    return int(order[choice])
+    return int(torch.multinomial(kept / kept.sum(), 1, replacement=True, generator=generator))
+
+
+# Cuts tried, largest first, to find the NUCLEUS_WINDOW most likely tokens without sorting the
+# vocabulary: the weights are exp(logit - max logit), so the most likely token weighs 1.
+CANDIDATE_CUTS = (1e-5, 1e-7, 1e-9)
+
+
+def _nucleus_of_candidates(weights: np.ndarray, total: Any, top_p: float, generator: torch.Generator) -> int | None:
+    """``nucleus_choice`` over the tokens above a cut: the same token, for a fraction of the time; None if unsure.
+
+    ``torch.topk`` over the whole vocabulary was most of the sampler's time
+    (0.30 of 0.78 ms a token, measured on the 2-core machine with the real
+    model's logits). One comparison over the vocabulary finds the tokens
+    above a cut; once they are at least NUCLEUS_WINDOW, the most likely
+    NUCLEUS_WINDOW of them are the vocabulary's, with the very probabilities
+    (the same division by the same total), so the draw is the one
+    ``nucleus_choice`` makes. Where that window holds less than ``top_p``
+    (an unsure model: the nucleus is wider) or no cut keeps enough tokens,
+    None: the caller takes the whole-vocabulary way. (Tokens of exactly
+    equal probability may come out in another order than the full sort's.)
+    """
+    import torch
+
+    k = NUCLEUS_WINDOW
+    if weights.size <= k:
+        return None
+    for cut in CANDIDATE_CUTS:
+        candidates = np.flatnonzero(weights >= cut)
+        if candidates.size >= k:
+            break
+    else:
+        return None
+    probs = torch.from_numpy(weights[candidates] / total)
+    sorted_probs, order = torch.topk(probs, k)
+    if float(sorted_probs.sum()) < top_p:
+        return None
+    return int(candidates[int(order[_draw(sorted_probs, top_p, generator)])])
