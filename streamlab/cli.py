@@ -24,6 +24,7 @@ COMMANDS = {
     "platform": ("streamlab.hops.function_platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
     "run-notebooks": ("streamlab.book.notebooks", "execute every chapter with papermill into build/"),
     "report": ("streamlab.book.report", "write build/report.html: each chapter's headline and key figure"),
+    "book": ("streamlab.book.pages", "write build/book/: the executed chapters as web pages, with an index"),
     "info": ("streamlab.lab.info", "load the model and print its load time and tokens/second"),
 }
 USAGE_ERROR = 2  # what argparse exits with for a bad flag: every mistake of the user's exits the same
