@@ -4,6 +4,7 @@
     runner.py        start the server, the proxy or the platform as a process on a free port (or in process)
     records.py       where a run keeps things, the prompts, runs recorded for later chapters
     measures.py      ``Report``: figures, ratios and targets, printed and saved as every benchmark does
+    wire_shown.py    chapter 2's raw wire: an event stream as it arrives, a WebSocket upgrade and its frames
     wire_cost.py     what one piece costs on the wire in each format (chapter 3)
     strangers.py     the hostile requests of chapter 9 and the answers they must get
     ecosystem.py     chapter 10: the formats read by their own SDKs, a cut stream, the relay

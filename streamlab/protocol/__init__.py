@@ -7,6 +7,7 @@
     websocket.py           RFC 6455 messages and the ``Connection`` that assembles them
     websocket_frames.py    frames and close codes
     websocket_handshake.py the opening handshake, checked both ways
+    anatomy.py             the wire laid out for a reader: chunks with their framing, a frame field by field
     endings.py             why a stream ended: the one stop vocabulary every layer above shares
 
 Everything here is tested with plain byte strings (and fuzzed), and reused by the
