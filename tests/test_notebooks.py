@@ -320,6 +320,9 @@ def test_11_serving_many_readers(tmp_path):
         assert bounded["waited_s"] > 0
 
 
+QUICK_12 = QUICK["12_what_else_sits_between"]
+
+
 def test_12_what_else_sits_between(tmp_path):
     import json
 
@@ -335,6 +338,14 @@ def test_12_what_else_sits_between(tmp_path):
                           "the one header or setting"} for r in rows.values())
     assert {r["hop"] for r in rows.values()} >= {"gzip", "platform limit", "buffering runtime"}
     p = f["paths"]
+    # One scripted source at a fixed rate, read by every hop at once: a row is its hop's. Direct, and through each
+    # fix for a hop that held the stream, the first event comes long before the end; through each trap, at it.
+    assert p["direct"]["first_event"] < p["direct"]["end"] / 4 and p["direct"]["pieces"] == QUICK_12["max_tokens"]
+    streaming_fixes = [r["path"] for r in rows.values() if r["role"] == "fix" and (r["path"].endswith("first reader")
+                       or r["hop"] in ("buffering proxy", "gzip", "buffering runtime"))]
+    assert len(streaming_fixes) == (6 if f["have_nginx"] else 3)
+    for label in streaming_fixes:
+        assert p[label]["first_event"] < p["direct"]["end"] / 2 and p[label]["seen"].startswith("streamed"), label
     # gzip holds every event until the body ends; each fix streams again
     assert p["stand-in gzip"]["first_event"] == p["stand-in gzip"]["end"] and p["stand-in gzip"]["complete"]
     for fix in ("stand-in gzip, sync flush", "stand-in gzip, honours no-transform"):
@@ -349,6 +360,8 @@ def test_12_what_else_sits_between(tmp_path):
     # the asynchronous design is billed for the generations, not the readers' wait: less, for the same answers
     bills = {b["design"]: b for b in f["bills"]}
     assert bills["asynchronous: POST + worker"]["billed (s)"] < bills["held-open stream"]["billed (s)"]
+    # ... and the worker is billed for the generation: at least the average of them (the longest ran on it)
+    assert bills["asynchronous: POST + worker"]["billed (s)"] >= f["generated_s"] / bills["asynchronous: POST + worker"]["answers"]
     assert f["same_text"]
     if f["have_nginx"]:
         assert p["nginx gzip, ignores X-Accel-Buffering"]["first_event"] == p["nginx gzip, ignores X-Accel-Buffering"]["end"]
