@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the tests and chapters use: nginx (chapter 6), chromium + chromium-driver
-# (the browser tests), curl, redis-server (chapter 13's shared log). Installs only what is missing, and only where it can (root or
+# (the browser tests), curl, redis-server (chapter 13's shared log), openssl (chapter 14). Installs only what is missing, and only where it can (root or
 # password-less sudo); elsewhere it says what to install and the tests that need it skip.
 set -euo pipefail
 
@@ -9,6 +9,7 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # chapter 14's certificate for nginx's TLS and HTTP/2
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 

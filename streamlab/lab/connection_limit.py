@@ -23,17 +23,30 @@ for a connection also waits for its first word), and a scripted source
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
-from urllib.parse import urlsplit
 
 from streamlab.client.timed import create_generation_sync
+from streamlab.hops import tls
+from streamlab.hops.nginx import run_nginx
+from streamlab.lab import runner
 from streamlab.lab.headless import chromium, wait_for
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome
 
-__all__ = ["PAGE_SCRIPT", "PathRun", "StreamTiming", "connections_of", "open_streams", "run_paths"]
+__all__ = [
+    "DIRECT", "HTTP1_TLS", "HTTP2_TLS", "NGINX_LOCATION", "PAGE_SCRIPT", "Paths", "PathRun", "StreamTiming",
+    "connections_of", "open_streams", "paths_to_one_server", "run_paths",
+]
+
+DIRECT, HTTP1_TLS, HTTP2_TLS = "HTTP/1.1, straight to the server", "HTTP/1.1 over TLS, nginx", "HTTP/2 over TLS, nginx"
+# In front of event streams nginx must not buffer (our server also says so: X-Accel-Buffering: no).
+NGINX_LOCATION = "proxy_buffering off;"
 
 # What the page runs: every stream opened at the same instant, each one timed in the page's own clock.
 PAGE_SCRIPT = """
@@ -175,6 +188,36 @@ def run_paths(
     return runs
 
 
-def host_of(origin: str) -> str:
-    """``https://127.0.0.1:8443`` → ``127.0.0.1:8443``: how a chapter names an origin in prose."""
-    return urlsplit(origin).netloc
+@dataclass
+class Paths:
+    """Our server, and the origins in front of it: label -> origin, and what the browser needs to trust them."""
+
+    server: Any  # streamlab.lab.runner.RunningServer
+    origins: dict[str, str]
+    flags: tuple[str, ...]  # Chromium's flag trusting the certificate, when nginx is there
+    nginx_config: str | None  # nginx's configuration as written, when nginx is there
+
+
+@contextmanager
+def paths_to_one_server(*, rate: float, streams: int, nginx: bool = True) -> Iterator[Paths]:
+    """A scripted server (``--scripted-rate rate --forget``) and, with ``nginx``, nginx with TLS in front of it.
+
+    nginx listens on two ports of its own with one certificate made for
+    this run: HTTP/1.1 only on one, HTTP/2 (offered by ALPN) on the other.
+    Everything stops on the way out.
+    """
+    with tempfile.TemporaryDirectory(prefix="streamlab-streams-") as tmp, runner.serve(
+        "--scripted-rate", f"{rate:g}", "--forget", "--max-active", str(max(streams, 1)),
+        "--db", str(Path(tmp) / "db.sqlite"),
+    ) as server:
+        origins = {DIRECT: server.url}
+        if not nginx:
+            yield Paths(server, origins, (), None)
+            return
+        certificate = tls.make_certificate(Path(tmp) / "tls")
+        http1, http2 = runner.free_port(), runner.free_port()
+        listen = tls.listen_lines(certificate, http1_port=http1, http2_port=http2)
+        with run_nginx(server.port, extra=listen, location=NGINX_LOCATION) as running:
+            origins |= {HTTP1_TLS: f"https://{tls.HOST}:{http1}", HTTP2_TLS: f"https://{tls.HOST}:{http2}"}
+            config = (running.folder / "nginx.conf").read_text()
+            yield Paths(server, origins, (certificate.chromium_flag(),), config)
