@@ -41,6 +41,7 @@ NAMES = [
     "ex4_watch_for_eof",
     "ex5_first_event",
     "ex6_persist_partial",
+    "ex7_reading_pace",
 ]
 
 
@@ -183,11 +184,11 @@ def test_solution_for_maps_notebooks_to_modules():
 # --------------------------------------------------------------------------
 
 
-def test_six_exercises_each_with_a_solution():
+def test_every_exercise_has_a_solution():
     assert [nb.stem for nb in exercises()] == NAMES
     for nb in exercises():
         assert solution_for(nb).is_file(), nb.name
-    assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == [f"ex{i}.py" for i in range(1, 7)]
+    assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == sorted(f"ex{i}.py" for i in range(1, len(NAMES) + 1))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -205,7 +206,7 @@ def test_layout_parameters_student_cell_hook_and_no_outputs(name):
     assert "if solution:" in hook and "exec(Path(solution).read_text(" in hook
     assert "grader.summary()" in code[-1].source
     assert all(not c.outputs and c.execution_count is None for c in code), "store notebooks without outputs"
-    assert re.search(r"\]\(\.\./0\d_\w+\.ipynb\)", nb.cells[0].source), "the brief links its chapter"
+    assert re.search(r"\]\(\.\./\d\d_\w+\.ipynb\)", nb.cells[0].source), "the brief links its chapter"
 
 
 # Lines the students' skeletons give them, which the model answers keep.
@@ -417,3 +418,8 @@ def test_ex5_first_event(tmp_path, servers):
 @pytest.mark.notebook
 def test_ex6_persist_partial(tmp_path):
     assert_grading_can_fail("ex6_persist_partial", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex7_reading_pace(tmp_path):
+    assert_grading_can_fail("ex7_reading_pace", tmp_path)
