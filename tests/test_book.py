@@ -1,0 +1,281 @@
+"""The book, ``build/book/``: every executed chapter a page, linked in reading order, nothing broken.
+
+Built from a few tiny "executed" chapters made here (a heading, a link, a
+printed line, a table, a real PNG from matplotlib, papermill's injected
+cell), named like the real ones so their questions and prerequisites come
+from ``streamlab.book.contents``. Then headless Chromium opens the index and
+follows every link it can reach: each page loads its stylesheet and every
+image, each link leads to a file (and each #fragment to an element there),
+and every chapter and exercise page is reached. The real chapters are
+rendered too (as committed, without outputs), to check their own links.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from streamlab import cli
+from streamlab.book.chapter import NOTEBOOKS
+from streamlab.book.contents import ABOUT, chapter_info, exercise_rows, exercises_by_chapter
+from streamlab.book.grading import EXERCISES, exercises
+from streamlab.book.notebooks import chapters
+from streamlab.book.pages import build_book
+
+REPO = Path(__file__).resolve().parents[1]
+CHAPTER_NAMES = ["01_split_characters", "02_three_ways", "03_bytes_on_the_wire"]  # 03 is left unexecuted
+
+
+def a_png() -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.plot([0, 1], [0, 1])
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def executed_chapter(number: int, title: str, png: str, *, link: str) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.cells = [
+        new_markdown_cell(f"# {number}. {title}\n\nA sentence that opens chapter {number}. Then another one.\n\n"
+                          f"See [the other chapter]({link}) and [the repository's README](../README.md)."),
+        new_code_cell("results_path = None", metadata={"tags": ["parameters"]}),
+        new_code_cell("results_path = '/tmp/papermill-leftover.json'", metadata={"tags": ["injected-parameters"]}),
+        new_code_cell("print('measured')", execution_count=1,
+                      outputs=[new_output("stream", name="stdout", text="measured 42 pieces\n")]),
+        new_code_cell("table", execution_count=2, outputs=[new_output(
+            "execute_result", execution_count=2,
+            data={"text/html": "<table class='dataframe'><tr><th>tokens</th></tr><tr><td>30</td></tr></table>",
+                  "text/plain": "tokens 30"})]),
+        new_code_cell("plot()", execution_count=3, outputs=[new_output(
+            "display_data", data={"image/png": png, "text/plain": "<Figure>"})]),
+        new_markdown_cell(f"## Takeaways\n\n* chapter {number} measured 42 pieces."),
+    ]
+    return nb
+
+
+def brief(number: int, chapter: str) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.cells = [
+        new_markdown_cell(f"# Exercise {number}. Something to write\n\n*Chapter: [the chapter](../{chapter}.ipynb).*"
+                          "\n\n**What to write.** A function."),
+        new_code_cell("solution = None\nresults_path = None", metadata={"tags": ["parameters"]}),
+        new_code_cell("# YOUR CODE HERE\ndef f():\n    raise NotImplementedError('f')"),
+    ]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def small_book(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("book")
+    (root / "README.md").write_text("# the repository\n", encoding="utf-8")
+    source, out = root / "notebooks", root / "build"
+    (source / "exercises").mkdir(parents=True)
+    (out / "notebooks").mkdir(parents=True)
+    png = a_png()
+    for i, name in enumerate(CHAPTER_NAMES):
+        other = CHAPTER_NAMES[(i + 1) % len(CHAPTER_NAMES)]
+        nb = executed_chapter(i + 1, name[3:].replace("_", " ").capitalize(), png, link=f"{other}.ipynb")
+        nbformat.write(nb, source / f"{name}.ipynb")
+        if i < 2:
+            nbformat.write(nb, out / "notebooks" / f"{name}.ipynb")
+    nbformat.write(brief(1, CHAPTER_NAMES[0]), source / "exercises" / "ex1_first.ipynb")
+    nbformat.write(brief(2, CHAPTER_NAMES[2]), source / "exercises" / "ex2_second.ipynb")
+    (source / "exercises" / "README.md").write_text(
+        "# Exercises\n\n| # | Notebook | Time | What the student writes | Chapter |\n|---|---|---|---|---|\n"
+        f"| 1 | [ex1_first](ex1_first.ipynb) | 15 min | A `function`. | [1. One](../{CHAPTER_NAMES[0]}.ipynb) |\n"
+        f"| 2 | [ex2_second](ex2_second.ipynb) | 25 min | Another. | [3. Three](../{CHAPTER_NAMES[2]}.ipynb) |\n",
+        encoding="utf-8")
+    (out / "results").mkdir()
+    (out / "results" / "timings.json").write_text(json.dumps({
+        "chapters": {CHAPTER_NAMES[0]: 17.2, CHAPTER_NAMES[1]: 123.4}, "total": 140.6, "cpus": 2,
+        "finished": "2026-12-01T20:00:00", "failed": {}}), encoding="utf-8")
+    return build_book(out, source=source)
+
+
+class Page(HTMLParser):
+    """The links, images, stylesheets and ids of one HTML file."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.images: list[str] = []
+        self.ids: set[str] = set()
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag in ("a", "link") and attrs.get("href"):
+            self.links.append(attrs["href"])
+        if tag == "img":
+            self.images.append(attrs.get("src") or "")
+
+
+def broken_links(book: Path) -> list[str]:
+    """Every relative link or image in ``book/*.html`` that leads to no file (or no element for its #fragment)."""
+    pages = {p: Page(p.read_text(encoding="utf-8")) for p in book.glob("*.html")}
+    broken = []
+    for path, page in pages.items():
+        for link in page.links + page.images:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", link):
+                if not link.startswith(("data:image/", "http://", "https://")):
+                    broken.append(f"{path.name}: {link}")
+                continue
+            target, _, fragment = link.partition("#")
+            where = (path.parent / unquote(target)).resolve() if target else path
+            if not where.exists():
+                broken.append(f"{path.name}: {link}")
+            elif fragment and where in pages and unquote(fragment) not in pages[where].ids:
+                broken.append(f"{path.name}: {link} (no element {fragment})")
+    return broken
+
+
+def test_a_page_per_executed_chapter_and_exercise(small_book):
+    book = small_book.parent
+    assert sorted(p.name for p in book.iterdir()) == sorted([
+        "index.html", "style.css", "01_split_characters.html", "02_three_ways.html",
+        "ex1_first.html", "ex2_second.html"])
+    assert not broken_links(book)
+    page = (book / "02_three_ways.html").read_text(encoding="utf-8")
+    assert "papermill-leftover" not in page, "papermill's injected cell is not for readers"
+    assert "measured 42 pieces" in page and "<table" in page and page.count('src="data:image/png;base64,') == 1
+    assert 'href="01_split_characters.html" rel="prev"' in page and 'href="index.html"' in page
+    assert ABOUT["02_three_ways"].question in page
+    assert 'Read first:</b> <a href="01_split_characters.html">1. Split characters</a>' in page
+    assert 'href="../../README.md"' in page, "a link to a repository file reaches it from build/book/"
+    assert "2.1 min on this machine" in page
+    first = (book / "01_split_characters.html").read_text(encoding="utf-8")
+    assert 'rel="next"' in first and 'rel="prev"' not in first
+    assert '<a href="ex1_first.html">Exercise 1 (15 min)</a>' in first
+    # The last executed chapter links to chapter 3 (not run), through the index's row for it.
+    assert 'href="index.html#03_bytes_on_the_wire"' in page
+
+
+def test_the_index_lists_the_reading_order_with_times_prerequisites_and_exercises(small_book):
+    index = small_book.read_text(encoding="utf-8")
+    rows = re.findall(r'<tr id="(\d\d_\w+)">(.*?)</tr>', index, re.S)
+    assert [stem for stem, _ in rows] == CHAPTER_NAMES
+    cells = {stem: re.findall(r"<td>(.*?)</td>", row, re.S) for stem, row in rows}
+    assert cells["01_split_characters"][2] == "17 s" and cells["02_three_ways"][2] == "2.1 min"
+    assert cells["02_three_ways"][3] == "1", "chapter 2 names chapter 1 to read first"
+    assert "not in this run" in cells["03_bytes_on_the_wire"][0] and "href" not in cells["03_bytes_on_the_wire"][0]
+    assert "Exercise 2 (25 min)" in cells["03_bytes_on_the_wire"][4]
+    assert "on 2 CPU cores" in index and "2026-12-01T20:00:00" in index
+    assert "A <code>function</code>." in index
+
+
+def test_an_exercise_page_is_its_brief_and_links_its_chapter(small_book):
+    page = (small_book.parent / "ex1_first.html").read_text(encoding="utf-8")
+    assert "What to write." in page and "NotImplementedError" not in page and "solution" not in page
+    assert page.count('href="01_split_characters.html"') == 2  # the box above, and the brief's own link
+    assert 'href="ex2_second.html" rel="next"' in page
+
+
+@pytest.mark.browser
+def test_chromium_reaches_every_page_with_every_image(small_book):
+    from streamlab.lab import browser
+
+    reason = browser.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    book = small_book.parent.resolve()
+    seen: dict[Path, dict] = {}
+    queue = [small_book.resolve()]
+    with browser.chromium(width=1000, height=700) as driver:
+        while queue:
+            page = queue.pop()
+            if page in seen:
+                continue
+            driver.get(page.as_uri())
+            browser.wait_for(lambda: driver.execute_script(
+                "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"),
+                20, f"{page.name} to load")
+            seen[page] = found = driver.execute_script("""return {
+                images: Array.from(document.images).map(i => [i.src.slice(0, 40), i.naturalWidth]),
+                links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+                styled: getComputedStyle(document.body).maxWidth,
+            }""")
+            assert all(width > 0 for _, width in found["images"]), f"{page.name}: an image did not load"
+            assert found["styled"] == "980px", f"{page.name}: its stylesheet (style.css) did not load"
+            for link in found["links"]:
+                url = urlparse(link)
+                if url.scheme != "file":
+                    continue
+                target = Path(unquote(url.path))
+                assert target.exists(), f"{page.name} links to {link}, which is not there"
+                if target.suffix == ".html" and target.parent == book:
+                    queue.append(target)
+    reached = {p.name for p in seen}
+    assert reached == {p.name for p in book.glob("*.html")}, "every page is reachable from the index"
+    assert sum(1 for name in reached if re.match(r"\d\d_", name)) == 2
+    assert sum(len(found["images"]) for found in seen.values()) == 2
+
+
+def test_without_executed_chapters_the_command_says_to_run_make_run(tmp_path, capsys):
+    assert cli.main(["book", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "make run" in err and str(tmp_path / "notebooks") in err
+
+
+def test_make_run_writes_the_book():
+    dry = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True, text=True, check=True)
+    lines = dry.stdout.splitlines()
+    book = next(i for i, line in enumerate(lines) if line.endswith("-m streamlab book"))
+    assert book > next(i for i, line in enumerate(lines) if "-m streamlab run-notebooks" in line)
+
+
+# --------------------------------------------------------------------------
+# The real chapters and exercises
+# --------------------------------------------------------------------------
+
+
+def test_contents_describes_real_chapters_and_names_earlier_prerequisites():
+    stems = [nb.stem for nb in chapters()]
+    assert len(stems) >= 12
+    assert not set(ABOUT) - set(stems), "ABOUT describes a chapter that is not in notebooks/"
+    for stem, about in ABOUT.items():
+        assert about.question.endswith("?"), stem
+        for needed in about.prerequisites:
+            assert needed in stems and needed < stem, f"{stem} needs {needed}: not an earlier chapter"
+    for nb in chapters():
+        info = chapter_info(nb)
+        assert info.title and not info.title[0].isdigit() and info.question, nb.name
+
+
+def test_every_exercise_in_the_readme_table_names_real_chapters():
+    rows = exercise_rows()
+    stems = {nb.stem for nb in chapters()}
+    assert {row.stem for row in rows} == {nb.stem for nb in exercises()}, "one row per exercise notebook"
+    for row in rows:
+        assert row.chapters and set(row.chapters) <= stems, row
+        assert (EXERCISES / f"{row.stem}.ipynb").is_file()
+    assert exercises_by_chapter()["01_split_characters"][0].stem == "ex1_detokenizer"
+
+
+def test_the_real_chapters_links_resolve_in_the_book(tmp_path):
+    """The committed chapters, as if executed (they hold no outputs): their own links must work in the book."""
+    (tmp_path / "notebooks").mkdir()
+    for nb in chapters():
+        (tmp_path / "notebooks" / nb.name).write_bytes(nb.read_bytes())
+    index = build_book(tmp_path, source=NOTEBOOKS)
+    assert not broken_links(index.parent)
+    assert len(list(index.parent.glob("[0-9][0-9]_*.html"))) == len(chapters())
+    assert len(list(index.parent.glob("ex*.html"))) == len(exercises())
