@@ -13,6 +13,7 @@
     many_streams.py  thousands of scripted streams, ours against rivals.py's servers
     rivals.py        the same scripted source served by uvicorn + Starlette, sse-starlette, websockets
     backpressure.py  a 1 KB/s reader under each backpressure policy
+    sse_or_websocket.py  chapter 6: nginx's defaults against each, a drop, a stop mid-answer
     between.py       chapter 12's nginx settings, the reader's verdict on a trace, the two designs' bills
     curl.py          curl -N as a subprocess, each chunk of its stdout timed
     llamacpp.py      llama.cpp's server (make engine) on a loopback port, as an upstream

@@ -1,0 +1,67 @@
+"""Chapter 6's SSE-or-WebSocket experiments over the fake model (nginx where it is installed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlab.hops.nginx import find_nginx
+from streamlab.lab import sse_or_websocket as sw
+
+BODY = {"prompt": "hi", "max_tokens": 40, "chat": False, "ignore_eos": True, "seed": 0}
+
+
+def test_ws_location_writes_the_upgrade_lines_only_when_asked():
+    plain, upgraded = sw.ws_location(8000, False), sw.ws_location(8000, True)
+    assert plain.startswith("location = /ws {") and "proxy_pass http://127.0.0.1:8000;" in plain
+    assert not any(line in plain for line in sw.UPGRADE_LINES)
+    assert all(line in upgraded for line in sw.UPGRADE_LINES)
+
+
+@pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed")
+def test_through_nginx_the_upgrade_fails_with_defaults_and_passes_with_the_three_lines(app):
+    defaults, upgraded = sw.through_nginx(app.port, {**BODY, "max_tokens": 4})
+    for row in (defaults, upgraded):  # the event stream passes either way
+        assert row["event stream status"] == 200 and row["event stream complete"] is True
+    assert defaults["WebSocket status"] == 400 and defaults["WebSocket complete"] is False
+    assert "Upgrade" in defaults["WebSocket, the client saw"]
+    assert upgraded["WebSocket status"] == 101 and upgraded["WebSocket complete"] is True
+
+
+def test_after_a_drop_the_event_stream_resumes_and_the_websocket_starts_over(app):
+    sse, wsock = sw.after_a_drop(app.port, {**BODY, "max_tokens": 12}, drop_after=4)
+    assert sse["connections"] == 2 and sse["resumed with"] == "Last-Event-ID: 4"
+    assert sse["text the reader put together"] == sse["whole answer"] and sse["tokens generated in all"] == 12
+    assert sse["pieces read in all"] == 12 and sse["complete"] is True
+    assert wsock["connections"] == 2 and wsock["complete"] is True
+    assert wsock["text the reader put together"] != wsock["whole answer"]  # the first pieces came twice
+    assert 12 + 4 <= wsock["tokens generated in all"] <= 12 + 6
+
+
+def test_websocket_reconnect_gives_up_after_its_retries(app):
+    traces = sw.run_sync(sw.websocket_reconnect(app.port, "hi", 10, drop_after=2, retries=0, chat=False,
+                                                ignore_eos=True))
+    assert len(traces) == 1 and not traces[0].complete
+
+
+def test_stop_rounds_count_what_each_way_made_after_the_stop(apps):
+    app = apps(decode_seconds=0.01)
+    rows = sw.stop_rounds(app.port, BODY, stop_after=5, rounds=2)
+    assert [row["way"] for row in rows[:3]] == ["WebSocket, stop message", "event stream + cancel request",
+                                                "/stream, close the connection"]
+    signals = {row["way"]: row["noticed by"] for row in rows}
+    assert signals == {"WebSocket, stop message": "stop_message", "event stream + cancel request": "cancel",
+                       "/stream, close the connection": "eof"}
+    for row in rows:
+        assert row["stop reason"] == "stopped"
+        assert 0 <= row["tokens generated after the stop"] <= 3  # far below the 35 left to make
+        assert row["stop to last piece (s)"] >= 0
+    cancel = [row for row in rows if row["way"] == "event stream + cancel request"]
+    assert all(row["stop to cancel reply (s)"] is not None for row in cancel)
+    closing = [row for row in rows if row["way"] == "/stream, close the connection"]
+    assert all(row["pieces after the stop"] == 0 and row["stop to end of answer (s)"] is None for row in closing)
+    summary = {row["way"]: row for row in sw.stop_summary(rows)}
+    ws_row = summary["WebSocket, stop message"]
+    assert ws_row["rounds"] == 2
+    assert ws_row["stop to last piece, min (s)"] <= ws_row["stop to last piece, median (s)"] \
+        <= ws_row["stop to last piece, max (s)"]
+    assert "stop to cancel reply, median (s)" in summary["event stream + cancel request"]
