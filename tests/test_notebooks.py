@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamlab.book.notebooks import chapters, execute
+from streamlab.book.proofread import check_executed
 from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = [pytest.mark.notebook]
@@ -34,9 +35,13 @@ QUICK: dict[str, dict] = {
 
 
 def run_chapter(name: str, tmp_path: Path, parameters: dict | None = None) -> dict:
+    """Execute the chapter at CI size, proofread what it showed (tests/test_prose.py), return its figures."""
     notebook = next(nb for nb in chapters() if nb.stem == name)
     params = QUICK.get(name, {}) if parameters is None else parameters
-    return execute(notebook, parameters=params, out_dir=tmp_path, timeout=900)["figures"]
+    recorded = execute(notebook, parameters=params, out_dir=tmp_path, timeout=900)
+    # Prose that follows its numbers, no stderr, no dumps, one headline: checked on the copy just executed.
+    check_executed(tmp_path / "notebooks" / notebook.name, headline=recorded["headline"])
+    return recorded["figures"]
 
 
 def test_every_chapter_has_quick_parameters():

@@ -49,12 +49,15 @@ def show_source(obj: Any) -> Any:
     return Code(inspect.getsource(obj), language="python")
 
 
-def record(results_path: str | Path | None, headline: str, **figures: Any) -> dict[str, Any]:
-    """Write the chapter's headline and figures as JSON (when a path is given) and return them."""
+def record(results_path: str | Path | None, headline: str, **figures: Any) -> None:
+    """Write the chapter's headline and figures as JSON (when a path is given), and print the headline once.
+
+    It returns nothing, so a chapter's last cell shows its headline, never a dump
+    of what it recorded (the tests and ``make run`` read the JSON).
+    """
     payload = {"headline": headline, "figures": plain(figures)}
     if results_path:
         path = Path(results_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(headline)
-    return payload

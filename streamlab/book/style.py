@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import matplotlib.pyplot as plt
 
 from streamlab.book.figures import autosave
+from streamlab.client.metrics import READING_THRESHOLD  # the book's one threshold, defined beside the reading speed
 
 __all__ = [
     "BLUE",
@@ -80,7 +81,6 @@ COLOR_OF: dict[str, str] = {
     "websockets": YELLOW, "unbounded": VERMILLION, "bounded": BLUE, "bounded_timeout": GREEN,
 }
 
-READING_THRESHOLD = 0.2  # seconds: a gap between pieces longer than ~180-220 ms is one a reader notices
 THRESHOLD_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 
 STYLE = {

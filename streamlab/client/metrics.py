@@ -12,6 +12,10 @@ from typing import Any, Iterable, Sequence
 
 # Silent reading of English non-fiction, words per minute (Brysbaert 2019 meta-analysis).
 READING_WPM = 238.0
+# The book's one reading threshold, in seconds: a gap between pieces longer than this is one a reader notices.
+# It is the reader's pace per token rounded down: 238 words a minute at this tokenizer's ~1.2-1.4 tokens a word
+# is one token every 180-220 ms (chapter 4 measures it). Every chapter, chart and benchmark uses this value.
+READING_THRESHOLD = 0.2
 _WORD = re.compile(r"\b[\w'’-]+\b")
 
 
@@ -77,8 +81,9 @@ def tpot_threshold(tpw: float, wpm: float = READING_WPM) -> float:
     return 1.0 / reading_tokens_per_second(tpw, wpm)
 
 
-def wait_before_first_word(words: int, tpw: float, tokens_per_second: float, ttft: float) -> dict[str, float]:
-    """How long a reader waits before reading can start, streamed or not.
+def wait_before_first_word(words: int, tpw: float, tokens_per_second: float, ttft: float,
+                           wpm: float = READING_WPM) -> dict[str, float]:
+    """How long a reader waits before reading can start, streamed or not, and how long reading takes at ``wpm``.
 
     Without streaming the first word shows when the last one is made: the first
     token's latency plus every other token at the generation pace.
@@ -89,5 +94,5 @@ def wait_before_first_word(words: int, tpw: float, tokens_per_second: float, ttf
         "tokens": tokens,
         "streaming": ttft,
         "no streaming": ttft + (tokens - 1) / tokens_per_second,
-        "reading time": words / (READING_WPM / 60.0),
+        "reading time": words / (wpm / 60.0),
     }

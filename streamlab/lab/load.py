@@ -31,11 +31,11 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
+from streamlab.client.metrics import READING_THRESHOLD  # the book's one threshold
 from streamlab.net.aio import run_sync
 from streamlab.lab.measures import Report
 from streamlab.lab.overhead import percentile
 
-READING_THRESHOLD = 0.2  # seconds between pieces a reader notices (~180-220 ms a token)
 ENGINES = ("threads", "batched")
 CONCURRENCY = (1, 2, 4, 8, 16)
 TOKENS = 64
