@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -444,41 +442,13 @@ def grade_notebook(
 
 
 def build_student_copy(dest: Path = STUDENT_COPY, src: Path = EXERCISES) -> list[Path]:
-    """Copy the exercises for students: the notebooks (outputs cleared) and README, no solutions.
+    """Copy the exercises for students into ``dest``: no solutions, no grading hook, the chapters beside them.
 
-    ``dest`` is emptied first, so a solution file copied there by hand
-    earlier cannot linger. Links from the README to the chapters are
-    rewritten to point at ``notebooks/`` from the new place.
+    ``streamlab.book.student_copy`` says what goes in and what stays out.
     """
-    import nbformat
+    from streamlab.book.student_copy import write_student_copy
 
-    dest = Path(dest)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    written = []
-    for notebook in exercises(src):
-        nb = nbformat.read(notebook, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                cell.outputs = []
-                cell.execution_count = None
-            for key in ("execution", "papermill", "collapsed", "scrolled"):
-                cell.metadata.pop(key, None)
-        nb.metadata.pop("papermill", None)
-        target = dest / notebook.name
-        nbformat.write(nb, target)
-        written.append(target)
-    readme = src / "README.md"
-    if readme.exists():
-        # The README links to the chapters as ../01_….ipynb; from the copy they are elsewhere.
-        chapters = Path(os.path.relpath(NOTEBOOKS, dest.resolve())).as_posix()
-        text = readme.read_text(encoding="utf-8")
-        text = re.sub(r"\]\(\.\./(\d\d_[^)]+)\)", lambda m: f"]({chapters}/{m.group(1)})", text)
-        target = dest / "README.md"
-        target.write_text(text, encoding="utf-8")
-        written.append(target)
-    return written
+    return write_student_copy(Path(dest), Path(src), exercises(src))
 
 
 # --------------------------------------------------------------------------
