@@ -42,6 +42,7 @@ NAMES = [
     "ex5_first_event",
     "ex6_persist_partial",
     "ex7_reading_pace",
+    "ex8_follow_a_resumable_answer",
 ]
 
 
@@ -423,3 +424,8 @@ def test_ex6_persist_partial(tmp_path):
 @pytest.mark.notebook
 def test_ex7_reading_pace(tmp_path):
     assert_grading_can_fail("ex7_reading_pace", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex8_follow_a_resumable_answer(tmp_path):
+    assert_grading_can_fail("ex8_follow_a_resumable_answer", tmp_path)
