@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +64,7 @@ def find_nginx() -> str | None:
 def write_config(
     folder: Path,
     listen_port: int,
-    upstream_port: int,
+    upstream_port: int | Sequence[int],
     *,
     buffering: bool | None = None,
     extra: str = "",
@@ -72,6 +72,10 @@ def write_config(
     cache: bool = False,
 ) -> Path:
     """Write ``folder/nginx.conf``: nginx's defaults, proxying 127.0.0.1:listen_port to the upstream.
+
+    ``upstream_port`` may be several ports (replicas of one server): then an
+    ``upstream`` block holds them and nginx takes them in turn (round-robin),
+    passing a request whose connection is refused on to the next one.
 
     ``buffering=None`` leaves ``proxy_buffering`` unset, i.e. on, as in a
     fresh install; True or False writes it out. ``extra`` is pasted into the
@@ -96,7 +100,10 @@ def write_config(
     if cache:
         zone = (f"\n    proxy_cache_path {folder}/cache levels=1:2 keys_zone=streamlab:1m inactive=10m;"
                 f"\n    add_header {CACHE_STATUS} $upstream_cache_status always;")
-    upstream = f"http://127.0.0.1:{upstream_port}"
+    upstream, pool = f"http://127.0.0.1:{upstream_port}", ""
+    if not isinstance(upstream_port, int):  # several replicas: round-robin, nginx's default for an upstream block
+        servers = "".join(f"\n        server 127.0.0.1:{port};" for port in upstream_port)
+        upstream, pool = "http://replicas", f"\n\n    upstream replicas {{{servers}\n    }}"
     config = f"""\
 # Written by streamlab.hops.nginx: nginx defaults, everything inside {folder}.
 daemon off;
@@ -112,13 +119,14 @@ events {{
 http {{
     # $request_time and $upstream_response_time show where the time went.
     log_format timing '$remote_addr "$request" $status $body_bytes_sent '
-                      'request_time=$request_time upstream_time=$upstream_response_time';
+                      'request_time=$request_time upstream_time=$upstream_response_time '
+                      'upstream=$upstream_addr';
     access_log {folder}/access.log timing;
     client_body_temp_path {folder}/client_body;
     proxy_temp_path {folder}/proxy;
     fastcgi_temp_path {folder}/fastcgi;
     uwsgi_temp_path {folder}/uwsgi;
-    scgi_temp_path {folder}/scgi;{zone}
+    scgi_temp_path {folder}/scgi;{zone}{pool}
 
     server {{
         listen 127.0.0.1:{listen_port};
@@ -181,7 +189,7 @@ def _read(path: Path) -> str:
 
 @contextmanager
 def run_nginx(
-    upstream_port: int,
+    upstream_port: int | Sequence[int],
     *,
     buffering: bool | None = None,
     extra: str = "",

@@ -15,6 +15,8 @@
     backpressure.py  a 1 KB/s reader under each backpressure policy
     sse_or_websocket.py  chapter 6: nginx's defaults against each, a drop, a stop mid-answer
     between.py       chapter 12's nginx settings, the reader's verdict on a trace, the two designs' bills
+    replicas.py      chapter 13: replicas behind nginx, workers (in process or as processes), one shared log
+    redis_server.py  a private redis-server on a free loopback port, its own folder, stopped by itself
     curl.py          curl -N as a subprocess, each chunk of its stdout timed
     llamacpp.py      llama.cpp's server (make engine) on a loopback port, as an upstream
     info.py          python -m streamlab info: load the model, time its first token and its speed

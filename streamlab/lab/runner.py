@@ -83,7 +83,8 @@ def _tail(path: Path, last: int) -> str:
         return ""
 
 
-def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue) -> None:
+def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue,
+                 ready: re.Pattern = LISTENING) -> None:
     """Read the child's stdout for as long as it lives: report the ready line, keep the rest.
 
     Draining it matters even after readiness: a child whose stdout pipe fills
@@ -93,7 +94,7 @@ def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue
     for raw in process.stdout:
         line = raw.decode("utf-8", "replace").rstrip("\n")
         lines.append(line)
-        match = LISTENING.search(line)
+        match = ready.search(line)
         if match:
             found.put((match.group(1), int(match.group(2))))
     found.put(None)  # EOF: the process closed stdout, most likely by exiting
@@ -113,8 +114,9 @@ def start_process(
     ready_timeout: float = 180.0,
     env: dict[str, str] | None = None,
     name: str = "streamlab",
+    ready: re.Pattern = LISTENING,
 ) -> RunningServer:
-    """Start ``cmd_args`` and wait for its ``listening on`` line.
+    """Start ``cmd_args`` and wait for its ``listening on`` line (or another, ``ready``: a URL and its port).
 
     stderr goes to a temporary log file (``RunningServer.log_path``). If the
     process exits or stays silent too long, it is stopped and the error
@@ -131,7 +133,7 @@ def start_process(
     log.close()
     lines: list[str] = []
     found: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump_stdout, args=(process, lines, found), daemon=True).start()
+    threading.Thread(target=_pump_stdout, args=(process, lines, found, ready), daemon=True).start()
     try:
         ready = found.get(timeout=ready_timeout)
         why = "exited before it was ready" if ready is None else ""

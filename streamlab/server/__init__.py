@@ -34,6 +34,8 @@ The modules, each one thing:
     streams.py            EventStream: the one SSE response every SSE route uses
     responses.py          whole responses, keep-alive, HEAD, static files
     resumable.py          /generations: runs whose events are kept (or, with --forget, not), grace
+    shared_log.py         /generations in Redis (serve --events URL): one event log and job queue for every replica
+    worker.py             python -m streamlab worker: takes jobs from Redis, generates, appends the pieces
     websocket_session.py  one WebSocket conversation with an explicit state
     formats.py            Format: how an API spells a beginning, a piece, a silence, an end; streamlab's own
     openai_api.py         OpenAI's Chat Completions (/v1/chat/completions, /v1/models) as a Format

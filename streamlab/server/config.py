@@ -150,6 +150,10 @@ GENERATING = Settings(
             switch=True),
     Setting("keep_generations", 200, "generations", "keep the events of N /generations in memory for resuming;"
             " the oldest ended go first"),
+    # Chapter 13: replicas behind a load balancer share one log, so a reconnect may land on any of them.
+    Setting("events", None, "", "keep /generations in this Redis instead (redis://HOST:PORT), one log every"
+            " replica shares; worker processes (python -m streamlab worker) generate them", metavar="URL",
+            type=str, show="none: in this process's memory"),
 )
 
 EXPERIMENTS = Settings(
@@ -255,6 +259,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
     if args.max_waiting < 0:
         p.error("--max-waiting cannot be negative (0: no line)")
+    if args.events is not None and (args.forget or not args.events.startswith(("redis://", "rediss://", "unix://"))):
+        p.error("--events takes a Redis URL (redis://HOST:PORT), and no --forget (the shared log keeps every event)")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
         p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
     return args

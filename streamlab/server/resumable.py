@@ -22,13 +22,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from streamlab.protocol.endings import CANCEL, EOF, ERROR, GRACE_EXPIRED, SERVER_SHUTDOWN
-from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.endings import CANCEL, EOF, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS, SERVER_SHUTDOWN
+from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
 from streamlab.server.events import Event
 from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
-from streamlab.server.requests import GenerationRequest
+from streamlab.server.requests import GenerationRequest, last_event_id
 from streamlab.server.streams import EventStream
 
 
@@ -204,6 +205,66 @@ class Registry:
         self._remember(resource)
         self.start_grace(self._run(resource, ticket))
         return resource
+
+    # -- the four routes (``shared_log.SharedRegistry`` answers the same, from Redis) ----------
+
+    async def created(self, req: GenerationRequest) -> tuple[dict, list[tuple[str, str]]]:
+        """``POST /generations``: the 201's body and headers, for a resource ``create`` made."""
+        resource = self.create(req)
+        body = {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": resource.job.record.message_id if resource.job else None,  # None while it waits in line
+            "events": f"/generations/{resource.id}/events",
+        }
+        return body, [("Location", f"/generations/{resource.id}"), *resource.headers()]
+
+    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> None:
+        """``GET /generations/{id}/events``: the events after ``Last-Event-ID``, kept ones at once, then live ones.
+
+        A reader that reconnects with ``Last-Event-ID: N`` (an EventSource does
+        so by itself after a drop) gets the events after N; nothing is
+        generated again. One that already had the last event gets ``204``, the
+        only answer that stops an EventSource from reconnecting for ever. With
+        ``--forget`` nothing was kept: every reader gets a new generation,
+        tied to its connection, and never a 204.
+        """
+        resource = self.get(generation_id)
+        after = last_event_id(request)
+        if resource.finished_for(after):
+            await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
+            return
+        # The stream ends by closing: say so, so that a pooled client does not reuse the connection.
+        stream = EventStream(client, request, headers=resource.headers(), accel_header=self.config.accel_header,
+                             keep_alive=False)
+        if stream.head_only:
+            await stream.open()  # the head alone: with --forget, no run starts for a reader who reads nothing
+            return
+        await self.send(client, stream, resource, after)
+
+    async def cancelled(self, generation_id: str) -> dict:
+        """``POST /generations/{id}/cancel``: stop it, then say where it stands."""
+        resource = self.get(generation_id)
+        await self.cancel(resource)
+        return {"id": resource.id, "status": resource.status}
+
+    async def describe(self, generation_id: str) -> dict:
+        """``GET /generations/{id}``: how far it has come, its text so far, how it ended."""
+        resource = self.get(generation_id)
+        job = resource.job
+        record = resource.record or LogRecord(id="", path="")  # none yet: --forget, before any reader
+        return {
+            "id": resource.id,
+            "conversation_id": resource.turn.conversation_id,
+            "message_id": record.message_id,
+            "status": resource.status,
+            "text": job.answer.text if job is not None else "",
+            "tokens": record.tokens,
+            "stop_reason": record.stop_reason,
+            "stored_reason": record.stored_reason,
+            "incomplete": (record.left_queue or record.stored_reason in INCOMPLETE_REASONS) if record.done else None,
+            "events": len(resource.events),
+        }
 
     def _remember(self, resource: GenerationResource) -> None:
         """Keep a new resource; past ``keep_generations``, forget the oldest that no longer run."""

@@ -1,0 +1,117 @@
+"""A private ``redis-server`` for an experiment: a free loopback port, its own folder, nothing saved, stopped by itself.
+
+Debian's ``redis-server`` (``scripts/system-deps.sh`` installs it), started
+in the foreground with every setting on the command line: ``--bind
+127.0.0.1``, ``--save ''`` and ``--appendonly no`` (an experiment's log lives
+in memory only), ``--dir`` a temporary folder of its own. ``run_redis()`` is a
+context manager; an ``atexit`` hook stops any server still running when
+Python exits, so a failed test or an interrupted notebook leaves none behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+START_TIMEOUT = 10.0
+_RUNNING: set[subprocess.Popen] = set()
+
+
+class RedisUnavailable(RuntimeError):
+    """redis-server is not installed here: callers (tests, the chapter) skip."""
+
+
+def find_redis() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    for candidate in ("/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"):
+        if Path(candidate).exists():
+            return candidate
+    return None
+
+
+@dataclass
+class RedisProcess:
+    port: int
+    folder: Path
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        with suppress(OSError):
+            return (self.folder / "redis.log").read_text(errors="replace")
+        return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    _RUNNING.discard(process)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for process in list(_RUNNING):
+        _stop(process)
+
+
+@contextmanager
+def run_redis() -> Iterator[RedisProcess]:
+    """``with run_redis() as redis:`` a redis-server at ``redis.url`` for the block, stopped and removed after."""
+    binary = find_redis()
+    if binary is None:
+        raise RedisUnavailable("redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)")
+    folder = Path(tempfile.mkdtemp(prefix="streamlab-redis-"))
+    process: subprocess.Popen | None = None
+    try:
+        port = _free_port()
+        args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                "--dir", str(folder), "--logfile", str(folder / "redis.log"), "--daemonize", "no",
+                "--protected-mode", "yes"]
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, cwd=folder)
+        _RUNNING.add(process)
+        running = RedisProcess(port, folder, process)
+        _wait_until_ready(running)
+        yield running
+    finally:
+        if process is not None:
+            _stop(process)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_until_ready(redis: RedisProcess) -> None:
+    """Until it answers PING with PONG (a bare RESP exchange: no client library needed)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if redis.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {redis.process.returncode}:\n{redis.log()[-2000:]}")
+        with suppress(OSError), socket.create_connection(("127.0.0.1", redis.port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            if sock.recv(64).startswith(b"+PONG"):
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"redis-server did not answer on port {redis.port} within {START_TIMEOUT} s")

@@ -1,0 +1,286 @@
+"""``python -m streamlab worker --redis URL``: a process that takes ``/generations`` jobs from Redis and generates.
+
+Replicas started with ``serve --events URL`` only write jobs and read
+events (``shared_log.py``); the model lives in the workers, each loading it
+once. A worker reads the job stream as one consumer of the ``workers`` group
+(``XREADGROUP``): Redis hands each job to one worker and keeps it *pending*,
+under that worker's name, until the worker acknowledges it (``XACK``) with
+the end event written. While it generates, the worker claims its own entry
+again every ``HEARTBEAT`` seconds, which resets the entry's idle time.
+
+A worker killed with ``kill -9`` acknowledges nothing: its entry stays
+pending and stops being refreshed. Every worker, before waiting for new jobs,
+takes over entries idle for ``--claim-idle`` seconds (``XAUTOCLAIM``). One
+taken over mid-answer is *not* generated again: its readers have the first
+part already, and a second run (another sampling of the same prompt) would
+not continue it. The worker ends it as ``interrupted``, its partial text kept
+in the stream, where every reader finds it; a job no worker had started yet
+is simply run. Nothing accepted is lost either way.
+
+With every piece it appends, the worker reads the generation's hash in the
+same round trip: a cancel (``POST /generations/{id}/cancel`` on any replica)
+or the last reader gone for ``--grace`` stops the model before its next
+token. The token count at the moment of the signal (the signal's time by
+Redis's clock, against each piece's entry id) goes into the end event, so
+what ran on after it is counted as chapter 5 counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from streamlab.model.generation import ERROR
+from streamlab.net.errors import ArgumentParser, UserError
+from streamlab.net.serving import on_stdin_eof
+from streamlab.net.settings import Setting, Settings
+from streamlab.protocol.endings import GRACE_EXPIRED, INCOMPLETE_REASONS, INTERRUPTED, stop_reason_for
+from streamlab.protocol.http_head import HTTPError
+from streamlab.server.config import ServerConfig
+from streamlab.server.events import dumps
+from streamlab.server.jobs import error_body
+from streamlab.server.requests import GenerationRequest, check_context
+from streamlab.server.shared_log import (
+    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, ensure_group, entry_ms, events_key, meta_key, open_client,
+)
+from streamlab.server.silence import Silence
+from streamlab.server.sources import ModelSource
+
+HEARTBEAT = 0.5  # s between a busy worker's claims of its own job (each resets the entry's idle time)
+LOOK_INTERVAL = 0.1  # s: in a silence (reading a long prompt) the worker still looks for a cancel this often
+NEW_JOB_BLOCK_MS = 500  # how long one XREADGROUP waits for a new job before looking for abandoned ones again
+
+WORKER = Settings(
+    "The worker",
+    Setting("redis", None, "", "take jobs from, and write events to, this Redis (the URL the replicas' --events"
+            " name)", metavar="URL", type=str, show="required"),
+    Setting("model", None, "", "Hugging Face id or folder to load", metavar="MODEL",
+            show="$STREAMLAB_MODEL, else the embedded model"),
+    Setting("name", None, "", "this worker's consumer name in the group", type=str, metavar="NAME",
+            show="host-pid"),
+    Setting("claim_idle", 5.0, "s", "take over a job whose worker has not claimed it for S seconds (one killed)"),
+    Setting("token_delay", 0.0, "s", "add S seconds per token (a slower model)"),
+    Setting("exit_on_stdin_eof", False, "", "exit when stdin closes (the parent died)", switch=True),
+)
+SETTINGS = (WORKER,)
+
+
+class Worker:
+    """One consumer of the job stream: takes a job, generates it into the generation's stream, acknowledges it."""
+
+    def __init__(self, lm: Any, redis: Any, *, name: str | None = None, claim_idle: float = 5.0,
+                 config: ServerConfig | None = None) -> None:
+        self.source = ModelSource(lm)
+        self.redis = redis
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.claim_idle_ms = int(claim_idle * 1000)
+        self.config = config or ServerConfig(engine="threads")
+        self.done: list[str] = []  # the generations this worker ended (generated, or found abandoned)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Take jobs until ``stopping`` is set (a job being generated is finished first)."""
+        await ensure_group(self.redis)
+        while not stopping.is_set():
+            job = await self.next_job()
+            if job is not None:
+                await self.do(*job)
+
+    async def next_job(self) -> tuple[str, str, bool] | None:
+        """``(entry id, generation id, taken over)``: an abandoned job first, else a new one, else None."""
+        claimed = await self.redis.xautoclaim(JOBS, GROUP, self.name, self.claim_idle_ms, "0-0", count=1)
+        if claimed[1]:
+            entry_id, fields = claimed[1][0]
+            return entry_id, fields["generation"], True
+        found = await self.redis.xreadgroup(GROUP, self.name, {JOBS: ">"}, count=1, block=NEW_JOB_BLOCK_MS)
+        if not found or not found[0][1]:
+            return None
+        entry_id, fields = found[0][1][0]
+        return entry_id, fields["generation"], False
+
+    async def do(self, entry_id: str, generation_id: str, taken_over: bool) -> None:
+        meta = await self.redis.hgetall(meta_key(generation_id))
+        if not meta or meta["status"] == "done":
+            await self.redis.xack(JOBS, GROUP, entry_id)
+            return
+        if meta["status"] == "running":  # its worker died mid-answer
+            await self.interrupt(entry_id, generation_id, meta)
+            return
+        if not await self._take(generation_id):
+            return  # another worker took it, or a replica ended it, meanwhile
+        if meta.get("cancel"):
+            await self.finish(entry_id, generation_id, "end", self._ending("stopped", 0, left_queue=True))
+            return
+        await self.generate(entry_id, generation_id, json.loads(meta["request"]))
+
+    async def _take(self, generation_id: str) -> bool:
+        """queued -> running, under this worker's name, unless something else changed it first."""
+        key = meta_key(generation_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(key)
+                if await pipe.hget(key, "status") != "queued":
+                    return False
+                pipe.multi()
+                pipe.hset(key, mapping={"status": "running", "worker": self.name})
+                await pipe.execute()
+                return True
+            except Exception as err:  # noqa: BLE001 - redis-py's WatchError
+                if type(err).__name__ == "WatchError":
+                    return False
+                raise
+
+    async def generate(self, entry_id: str, generation_id: str, request: dict) -> None:
+        req = GenerationRequest(**{**request, "stop": tuple(request.get("stop") or ())})
+        messages = ({"role": "user", "content": req.prompt},)
+        prompt_ids = self.source.prompt_ids(messages, chat=req.chat)
+        try:
+            check_context(len(prompt_ids), req.max_tokens, self.source.context_length)
+        except HTTPError as err:
+            await self.finish(entry_id, generation_id, "error", {**error_body(400, err.message),
+                                                                 **self._ending("error", 0)})
+            return
+        generation = self.source.generation(req, prompt_ids, messages, self.config, lambda tokens: None)
+        generation.start()
+        meta, events = meta_key(generation_id), events_key(generation_id)
+        marks: list[tuple[int, int]] = [(0, 0)]  # (entry ms, tokens so far) for every piece appended
+        stop_signal, signal_ms, lost = None, 0, False
+        silence = Silence(LOOK_INTERVAL)
+        loop = asyncio.get_running_loop()
+        beat = loop.time()
+        pieces = generation.pieces(silence.wait)
+        try:
+            async for piece in pieces:
+                pipe = self.redis.pipeline(transaction=False)
+                if piece is not None:
+                    pipe.xadd(events, {"e": "message", "d": dumps({"text": piece.text}), "n": piece.tokens})
+                pipe.hset(meta, "tokens", generation.tokens)
+                pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
+                pipe.time()
+                if loop.time() - beat >= HEARTBEAT:
+                    beat = loop.time()
+                    pipe.xclaim(JOBS, GROUP, self.name, 0, [entry_id], justid=True)
+                replies = await pipe.execute()
+                at = 1 if piece is not None else 0
+                if piece is not None:
+                    marks.append((entry_ms(replies[0]), piece.tokens))
+                status, owner, cancel, cancel_ms, readers, orphaned, grace = replies[at + 1]
+                seconds, micros = replies[at + 2]
+                now = int(seconds) * 1000 + int(micros) // 1000
+                if status == "done" or owner != self.name:  # taken over: another worker ended it
+                    lost = True
+                    generation.stop(INTERRUPTED)
+                elif stop_signal is None and cancel:
+                    stop_signal, signal_ms = cancel, int(cancel_ms)
+                elif stop_signal is None and int(readers) <= 0 and now >= int(orphaned) + int(grace):
+                    stop_signal, signal_ms = GRACE_EXPIRED, int(orphaned) + int(grace)
+                if stop_signal is not None and not generation.stopping:
+                    generation.stop(stop_signal)
+        finally:
+            silence.close()
+            await pieces.aclose()
+        result = await generation.wait()
+        if lost:
+            return
+        stored = stop_reason_for(result.stop_reason, stop_signal)
+        ending = self._ending(stored, result.tokens)
+        if stop_signal is not None:
+            ending["tokens_at_stop"] = max(tokens for ms, tokens in marks if ms <= signal_ms)
+            ending["stop_signal"] = stop_signal
+        if result.stop_reason == ERROR:
+            await self.finish(entry_id, generation_id, "error",
+                              {**error_body(500, f"generation failed: {result.error}"), **ending})
+        else:
+            await self.finish(entry_id, generation_id, "end", ending)
+
+    def _ending(self, stored: str, tokens: int, **extra: Any) -> dict:
+        """The end event's data, in the in-memory registry's words, plus which worker wrote it."""
+        return {"stop_reason": stored, "tokens": tokens, "incomplete": stored in INCOMPLETE_REASONS,
+                "conversation_id": None, "message_id": None, "worker": self.name, **extra}
+
+    async def interrupt(self, entry_id: str, generation_id: str, meta: dict[str, str]) -> None:
+        """A job taken over mid-answer: end it ``interrupted``, keeping the partial text its worker appended."""
+        entries = await self.redis.xrange(events_key(generation_id))
+        decoded = [decode_entry(fields) for _, fields in entries]
+        if any(name in ENDINGS for name, _, _ in decoded):  # it had ended; only the acknowledgement was lost
+            await self.redis.hset(meta_key(generation_id), "status", "done")
+            await self.redis.xack(JOBS, GROUP, entry_id)
+            return
+        tokens = max([n for name, _, n in decoded if name == "message"] or [0])
+        await self.finish(entry_id, generation_id, "end",
+                          self._ending(INTERRUPTED, tokens, interrupted_worker=meta.get("worker")))
+
+    async def finish(self, entry_id: str, generation_id: str, name: str, data: dict) -> None:
+        """The end event, the hash's final state and the acknowledgement, in one transaction."""
+        meta, events = meta_key(generation_id), events_key(generation_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(events, {"e": name, "d": dumps(data), "n": data.get("tokens", 0)})
+        pipe.hset(meta, mapping={"status": "done", "stop_reason": data["stop_reason"], "tokens": data["tokens"],
+                                 "ended_by": self.name})
+        pipe.expire(meta, KEEP_SECONDS)
+        pipe.expire(events, KEEP_SECONDS)
+        pipe.xack(JOBS, GROUP, entry_id)
+        await pipe.execute()
+        self.done.append(generation_id)
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m streamlab worker",
+                       description="Take /generations jobs from Redis (what serve --events URL queues) and generate"
+                                   " them with the model, one at a time.")
+    WORKER.add_to(p)
+    return p
+
+
+async def reachable(url: str) -> None:
+    """Ask Redis for a PONG: a wrong --redis is one line, before seconds are spent loading the model."""
+    redis = open_client(url)
+    try:
+        await redis.ping()
+    except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError, TimeoutError
+        raise UserError(f"--redis {url}: no Redis answers there ({err})") from None
+    finally:
+        await redis.aclose()
+
+
+async def work(lm: Any, url: str, *, name: str | None, claim_idle: float, config: ServerConfig,
+               exit_on_stdin_eof: bool) -> int:
+    redis = open_client(url)
+    try:
+        worker = Worker(lm, redis, name=name, claim_idle=claim_idle, config=config)
+        loop, stopping = asyncio.get_running_loop(), asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        if exit_on_stdin_eof:
+            on_stdin_eof(stopping.set, loop)
+        await ensure_group(redis)
+        print(f"streamlab: worker {worker.name} ready on {url}", flush=True)
+        await worker.run(stopping)
+        return 0
+    finally:
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.redis:
+        raise UserError("worker needs --redis URL: the Redis the replicas' serve --events names")
+    if not args.redis.startswith(("redis://", "rediss://", "unix://")):
+        raise UserError(f"--redis {args.redis}: give a Redis URL, redis://HOST:PORT")
+    if args.claim_idle <= 0 or args.token_delay < 0:
+        raise UserError("--claim-idle must be positive and --token-delay cannot be negative")
+    asyncio.run(reachable(args.redis))
+    from streamlab.server.command import load_and_say
+
+    lm = load_and_say(args.model, "threads (one at a time)")
+    config = ServerConfig(engine="threads", token_delay=args.token_delay)
+    return asyncio.run(work(lm, args.redis, name=args.name, claim_idle=args.claim_idle, config=config,
+                            exit_on_stdin_eof=args.exit_on_stdin_eof))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
