@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from streamlab.book import grading
+from streamlab.book.notebooks import chapters
 from streamlab.book.grading import (
     EXERCISES,
     SOLUTIONS,
@@ -278,8 +279,9 @@ def test_student_copy_has_no_solutions_and_no_outputs(tmp_path):
     (dest / "solutions" / "ex1.py").write_text("stale")  # a copy made by hand earlier must not survive
     written = build_student_copy(dest)
     files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert files == sorted([f"{n}.ipynb" for n in NAMES] + ["README.md"])
-    assert sorted(p.name for p in written) == files
+    chapter_files = [f"chapters/{nb.name}" for nb in chapters()]
+    assert files == sorted([f"{n}.ipynb" for n in NAMES] + ["README.md"] + chapter_files)
+    assert sorted(p.relative_to(dest).as_posix() for p in written) == files
     assert not {p.name for p in SOLUTIONS.iterdir()} & {p.name for p in dest.rglob("*")}
     for path in dest.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
@@ -288,9 +290,51 @@ def test_student_copy_has_no_solutions_and_no_outputs(tmp_path):
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None
         assert_no_solution_code(path)
+
     readme = (dest / "README.md").read_text(encoding="utf-8")
     for link in re.findall(r"\]\(([^)]+\.ipynb)\)", readme):
         assert (dest / link).resolve().is_file(), f"README link {link} leads nowhere from the copy"
+
+
+def markdown_links(path: Path) -> list[str]:
+    if path.suffix == ".md":
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+    return [link for link in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"^([a-z]+:|#)", link)]
+
+
+def test_student_copy_names_no_solution_and_its_links_resolve_from_the_copy(tmp_path):
+    build_student_copy(tmp_path / "made")
+    dest = tmp_path / "elsewhere" / "exercises"  # handed out: the copy alone, moved away from the repository
+    dest.parent.mkdir()
+    (tmp_path / "made").rename(dest)
+    readme = (dest / "README.md").read_text(encoding="utf-8")
+    teacher = (EXERCISES / "README.md").read_text(encoding="utf-8")
+    assert readme != teacher and len(readme.splitlines()) < len(teacher.splitlines())
+    assert "# YOUR CODE HERE" in readme and "python -m streamlab.book.grading ex1_detokenizer.ipynb" in readme
+    for path in [dest / "README.md", *dest.glob("ex*.ipynb")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"solution|model answer|--solutions", text, re.I), f"{path.name} tells of the solutions"
+    for path in [dest / "README.md", *dest.glob("ex*.ipynb"), *dest.glob("chapters/*.ipynb")]:
+        for link in markdown_links(path):
+            target = (path.parent / link.partition("#")[0]).resolve()
+            assert target.is_file() and dest.resolve() in target.parents, f"{path.name}: {link} leads out of the copy"
+    for name in NAMES:
+        links = markdown_links(dest / f"{name}.ipynb")
+        assert any(re.fullmatch(r"chapters/\d\d_\w+\.ipynb", link) for link in links), f"{name} links its chapter"
+    assert set(re.findall(r"\]\((ex\d+_\w+)\.ipynb\)", readme)) == set(NAMES), "the README lists every exercise"
+
+
+@pytest.mark.notebook
+def test_the_student_copy_still_grades_without_the_hook(tmp_path):
+    """The copy has no solution parameter and no hook cell; graded unsolved, every check fails for its reason."""
+    build_student_copy(tmp_path / "copy")
+    nb = nbformat.read(tmp_path / "copy" / "ex6_persist_partial.ipynb", as_version=4)
+    assert not any("solution" in c.source for c in nb.cells)
+    graded = grade_notebook(tmp_path / "copy" / "ex6_persist_partial.ipynb", out_dir=tmp_path / "graded")
+    assert not graded["crashed"] and graded["total"] >= 5 and graded["passed"] == 0
+    assert all(c["message"].startswith("not implemented yet") for c in graded["checks"])
 
 
 def test_make_exercises_builds_the_student_copy():
