@@ -44,6 +44,7 @@ NAMES = [
     "ex6_persist_partial",
     "ex7_reading_pace",
     "ex8_follow_a_resumable_answer",
+    "ex9_keep_strangers_out",
 ]
 
 
@@ -473,3 +474,13 @@ def test_ex7_reading_pace(tmp_path):
 @pytest.mark.notebook
 def test_ex8_follow_a_resumable_answer(tmp_path):
     assert_grading_can_fail("ex8_follow_a_resumable_answer", tmp_path)
+
+
+@pytest.mark.notebook
+@pytest.mark.browser
+def test_ex9_keep_strangers_out(tmp_path):
+    from streamlab.lab import headless
+
+    if headless.unavailable_reason():
+        pytest.skip(f"no headless Chromium: {headless.unavailable_reason()}")
+    assert_grading_can_fail("ex9_keep_strangers_out", tmp_path)
