@@ -41,9 +41,10 @@ def stream_slots(paths: Mapping[str, Sequence[Any]], *, title: str = "Eight even
                 ax.hlines(y, first, end, color=color, linewidth=7, alpha=0.8)
                 ax.plot([first], [y], marker="o", color=color, markersize=6)
                 place = "left" if first < 0.5 * span else "right"
-                x = end + 0.01 * span if place == "left" else first - 0.01 * span
-                ax.annotate(f"first event {_seconds(first)}", (x, y), fontsize=7, va="center", color=color,
-                            ha=place)
+                x = end + 0.01 * span if place == "left" else first - 0.015 * span
+                note = ax.annotate(f"first event {_seconds(first)}", (x, y), fontsize=7, va="center", color=color,
+                                   ha=place)
+                note.set_bbox({"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.9})  # over the lines
             elif opened is not None:
                 ax.plot([opened], [y], marker="|", color=GREY)
         if ends:
