@@ -208,15 +208,18 @@ async def events(
     timeout: float = 120.0,
     host: str = "127.0.0.1",
     read_size: int = 65536,
+    trace: Trace | None = None,
 ) -> Trace:
     """``GET path`` as an ``EventSource`` would, and trace every event with its ``id``.
+
+    ``trace``: a trace of the caller's own, filled as events arrive (to watch it meanwhile).
 
     ``last_event_id`` goes out as ``Last-Event-ID``: "I have everything up
     to that one". ``stop_after=N`` drops the connection after N text events.
     The trace is ``complete`` once the ``end`` event arrived. A ``204``
     (the server has nothing more for us) leaves ``status`` 204 and no events.
     """
-    trace = Trace(way="events")
+    trace = trace if trace is not None else Trace(way="events")
     reading = ResponseRecorder(trace, "GET")
     reader, writer = await _connect(host, port, timeout)
     last = None if last_event_id is None else str(last_event_id)

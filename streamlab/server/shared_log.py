@@ -99,12 +99,13 @@ async def redis_ms(redis: Any) -> int:
 class SharedRegistry:
     """The ``/generations`` routes over Redis: the interface of ``resumable.Registry``, the state elsewhere."""
 
-    def __init__(self, redis: Any, config: ServerConfig) -> None:
+    def __init__(self, redis: Any, config: ServerConfig, served_by: str = "") -> None:
         self.redis = redis
         self.config = config
+        self.served_by = served_by  # this replica's URL, in every stream's X-Served-By: who served which part
 
     @classmethod
-    async def open(cls, url: str, config: ServerConfig) -> "SharedRegistry":
+    async def open(cls, url: str, config: ServerConfig, served_by: str = "") -> "SharedRegistry":
         redis = open_client(url)
         try:
             await redis.ping()
@@ -117,7 +118,7 @@ class SharedRegistry:
             if type(err).__name__ in ("ConnectionError", "TimeoutError", "AuthenticationError"):
                 raise UserError(f"--events {url}: no Redis answers there ({err})") from None
             raise
-        return cls(redis, config)
+        return cls(redis, config, served_by)
 
     async def _meta(self, generation_id: str) -> dict[str, str]:
         meta = await self.redis.hgetall(meta_key(generation_id))
@@ -154,7 +155,8 @@ class SharedRegistry:
         if last and last[0][0] == after and last[0][1]["e"] in ENDINGS:
             await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
             return
-        stream = EventStream(client, request, headers=[("X-Generation-Id", generation_id)],
+        stream = EventStream(client, request, headers=[("X-Generation-Id", generation_id),
+                                                       ("X-Served-By", self.served_by)],
                              accel_header=self.config.accel_header, keep_alive=False)
         if stream.head_only:
             await stream.open()

@@ -146,7 +146,6 @@ class Worker:
             return
         generation = self.source.generation(req, prompt_ids, messages, self.config, lambda tokens: None)
         generation.start()
-        meta, events = meta_key(generation_id), events_key(generation_id)
         marks: list[tuple[int, int]] = [(0, 0)]  # (entry ms, tokens so far) for every piece appended
         stop_signal, signal_ms, lost = None, 0, False
         silence = Silence(LOOK_INTERVAL)
@@ -155,22 +154,12 @@ class Worker:
         pieces = generation.pieces(silence.wait)
         try:
             async for piece in pieces:
-                pipe = self.redis.pipeline(transaction=False)
-                if piece is not None:
-                    pipe.xadd(events, {"e": "message", "d": dumps({"text": piece.text}), "n": piece.tokens})
-                pipe.hset(meta, "tokens", generation.tokens)
-                pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
-                pipe.time()
-                if loop.time() - beat >= HEARTBEAT:
-                    beat = loop.time()
-                    pipe.xclaim(JOBS, GROUP, self.name, 0, [entry_id], justid=True)
-                replies = await pipe.execute()
-                at = 1 if piece is not None else 0
-                if piece is not None:
-                    marks.append((entry_ms(replies[0]), piece.tokens))
-                status, owner, cancel, cancel_ms, readers, orphaned, grace = replies[at + 1]
-                seconds, micros = replies[at + 2]
-                now = int(seconds) * 1000 + int(micros) // 1000
+                heartbeat = loop.time() - beat >= HEARTBEAT
+                beat = loop.time() if heartbeat else beat
+                appended, state, now = await self.step(entry_id, generation_id, piece, generation.tokens, heartbeat)
+                if appended is not None:
+                    marks.append((appended, piece.tokens))
+                status, owner, cancel, cancel_ms, readers, orphaned, grace = state
                 if status == "done" or owner != self.name:  # taken over: another worker ended it
                     lost = True
                     generation.stop(INTERRUPTED)
@@ -196,6 +185,29 @@ class Worker:
                               {**error_body(500, f"generation failed: {result.error}"), **ending})
         else:
             await self.finish(entry_id, generation_id, "end", ending)
+
+    async def step(self, entry_id: str, generation_id: str, piece: Any, tokens: int,
+                   heartbeat: bool = False) -> tuple[int | None, list, int]:
+        """One round trip per piece: append it, count the tokens, read the hash (a cancel? readers?), Redis's time.
+
+        Returns the appended entry's time (None without a piece), the hash's
+        fields and now, both by Redis's clock. With ``heartbeat``, the job's
+        entry is claimed again too, which tells the other workers it is alive.
+        """
+        meta = meta_key(generation_id)
+        pipe = self.redis.pipeline(transaction=False)
+        if piece is not None:
+            pipe.xadd(events_key(generation_id), {"e": "message", "d": dumps({"text": piece.text}), "n": piece.tokens})
+        pipe.hset(meta, "tokens", tokens)
+        pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
+        pipe.time()
+        if heartbeat:
+            pipe.xclaim(JOBS, GROUP, self.name, 0, [entry_id], justid=True)
+        replies = await pipe.execute()
+        at = 1 if piece is not None else 0
+        seconds, micros = replies[at + 2]
+        return (entry_ms(replies[0]) if piece is not None else None), replies[at + 1], \
+            int(seconds) * 1000 + int(micros) // 1000
 
     def _ending(self, stored: str, tokens: int, **extra: Any) -> dict:
         """The end event's data, in the in-memory registry's words, plus which worker wrote it."""

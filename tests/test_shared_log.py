@@ -1,0 +1,187 @@
+"""/generations in a shared log (serve --events): replicas and workers in this process, over a fake Redis.
+
+fakeredis stands in for redis-server (tests/test_shared_log_redis.py runs the real one, with worker
+processes): two in-process replicas share one fake Redis, and an in-process worker generates with the
+fake model. What is asserted is what chapter 13 claims: a reader resumes on another replica with nothing
+lost or repeated, a cancel or a departed reader stops a worker elsewhere within two tokens, a worker that
+dies mid-answer leaves its job to another, which ends it interrupted with the partial text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+
+fakeredis = pytest.importorskip("fakeredis")
+
+from fakes import FakeLM  # noqa: E402
+from inprocess import serving  # noqa: E402
+
+from streamlab import cli  # noqa: E402
+from streamlab.client import timed  # noqa: E402
+from streamlab.client.tracing import last_id  # noqa: E402
+from streamlab.lab import replicas  # noqa: E402
+from streamlab.server import shared_log, worker  # noqa: E402
+
+URL = "redis://fake"
+SCRIPT = "One answer, many servers: every piece in one shared log. " * 4
+
+
+@pytest.fixture
+def fake_redis(monkeypatch: pytest.MonkeyPatch) -> object:
+    server = fakeredis.FakeServer()
+
+    def open_client(url: str) -> object:
+        return fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+
+    for module in (shared_log, worker, replicas):
+        monkeypatch.setattr(module, "open_client", open_client)
+    return server
+
+
+def run(coroutine: object) -> object:
+    return asyncio.run(coroutine)  # type: ignore[arg-type]
+
+
+def text_of(*traces: timed.Trace) -> str:
+    return "".join(e.text for trace in traces for e in trace.text_events)
+
+
+def wait_done(port: int, generation_id: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = run(timed.get_json(port, f"/generations/{generation_id}"))
+        if state["status"] == "done":
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"generation {generation_id} did not end within {timeout} s")
+
+
+def ending(trace: timed.Trace) -> dict:
+    return next(e.data for e in trace.events if e.kind == "end")
+
+
+def test_a_reconnect_to_another_replica_resumes_where_it_left(fake_redis: object) -> None:
+    lm = FakeLM(SCRIPT, decode_seconds=0.005)
+    with serving(events=URL) as a, serving(events=URL) as b, replicas.worker_in_process(lm, URL):
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 60}))
+        first = run(timed.events(a.port, created["events"], stop_after=7))
+        assert re.fullmatch(r"[0-9]+-[0-9]+", last_id(first) or ""), "the stream entry id is the SSE id"
+        second = run(timed.events(b.port, created["events"], last_event_id=last_id(first)))
+        whole = wait_done(b.port, created["id"])
+        assert second.complete and len(first.text_events) == 7
+        assert text_of(first, second) == whole["text"] == SCRIPT[:60]
+        assert whole["stop_reason"] == "max_tokens" and whole["tokens"] == 60
+        again = run(timed.events(a.port, created["events"], last_event_id=last_id(second)))
+        assert again.status == 204, "a reader that has the end is told there is nothing more, on any replica"
+
+
+def test_a_cancel_sent_to_one_replica_stops_the_worker_within_two_tokens(fake_redis: object) -> None:
+    lm = FakeLM(SCRIPT, decode_seconds=0.02)
+    with serving(events=URL) as a, serving(events=URL) as b, replicas.worker_in_process(lm, URL) as w:
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 200, "ignore_eos": True}))
+
+        async def read_and_cancel() -> timed.Trace:
+            reading = asyncio.ensure_future(timed.events(a.port, created["events"]))
+            while run_tokens(await timed.get_json(b.port, f"/generations/{created['id']}")) < 10:
+                await asyncio.sleep(0.02)
+            answer = await timed.cancel_generation(b.port, created["id"])
+            assert answer["status"] == "done"
+            return await reading
+
+        trace = run(read_and_cancel())
+        end = ending(trace)
+        assert end["stop_reason"] == "stopped" and end["stop_signal"] == "cancel" and end["worker"] == w.name
+        assert 10 <= end["tokens_at_stop"] < 200
+        assert end["tokens"] - end["tokens_at_stop"] <= 2, end
+
+
+def run_tokens(state: dict) -> int:
+    return int(state["tokens"])
+
+
+def test_a_reader_who_leaves_stops_the_worker_after_the_grace_period(fake_redis: object) -> None:
+    lm = FakeLM(SCRIPT, decode_seconds=0.02)
+    with serving(events=URL, grace=0.2) as a, replicas.worker_in_process(lm, URL):
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 200, "ignore_eos": True}))
+        first = run(timed.events(a.port, created["events"], stop_after=5))
+        state = wait_done(a.port, created["id"])
+        assert state["stored_reason"] == "client_left" and first.left
+        entries = run(_entries(created["id"]))
+        end = entries[-1]
+        assert end["stop_signal"] == "grace_expired" and end["tokens"] < 200
+        assert end["tokens"] - end["tokens_at_stop"] <= 2, end
+
+
+async def _entries(generation_id: str) -> list[dict]:
+    redis = shared_log.open_client(URL)
+    try:
+        rows = await redis.xrange(shared_log.events_key(generation_id))
+        return [shared_log.decode_entry(fields)[1] for _, fields in rows]
+    finally:
+        await redis.aclose()
+
+
+def test_a_worker_that_dies_mid_answer_leaves_its_job_to_another_which_ends_it_interrupted(fake_redis: object) -> None:
+    lm = FakeLM(SCRIPT, decode_seconds=0.02)
+    with serving(events=URL) as a:
+        first_worker = replicas.InProcessWorker(lm, URL, name="first", claim_idle=0.3)
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 200, "ignore_eos": True}))
+        before = run(timed.events(a.port, created["events"], stop_after=8))
+        first_worker.crash()  # acknowledges nothing, ends nothing
+        with replicas.worker_in_process(lm, URL, name="second", claim_idle=0.3) as second_worker:
+            after = run(timed.events(a.port, created["events"], last_event_id=last_id(before)))
+            state = wait_done(a.port, created["id"])
+        assert second_worker.worker.done == [created["id"]]
+        end = ending(after)
+        assert end["stop_reason"] == "interrupted" and end["interrupted_worker"] == "first"
+        assert end["worker"] == "second" and end["incomplete"] is True
+        # Nothing accepted is lost: every piece the first worker appended is there, and nothing is made twice.
+        assert state["text"] == text_of(before, after) == SCRIPT[: end["tokens"]]
+        assert 8 <= end["tokens"] < 200
+
+
+def test_a_job_no_worker_took_yet_is_cancelled_by_the_replica_and_skipped_by_workers(fake_redis: object) -> None:
+    lm = FakeLM(SCRIPT)
+    with serving(events=URL) as a:
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 20}))
+        assert run(timed.cancel_generation(a.port, created["id"]))["status"] == "done"
+        with replicas.worker_in_process(lm, URL) as w:
+            trace = run(timed.events(a.port, created["events"]))
+            time.sleep(0.3)
+            assert w.worker.done == []
+        end = ending(trace)
+        assert end["stop_reason"] == "stopped" and end["tokens"] == 0 and end["left_queue"] is True
+
+
+def test_what_the_shared_log_refuses_and_does_not_know(fake_redis: object) -> None:
+    with serving(events=URL) as a:
+        with pytest.raises(timed.ClientError) as refused:
+            run(timed.create_generation(a.port, {"prompt": "hi", "conversation_id": "abc"}))
+        assert refused.value.status == 400
+        with pytest.raises(timed.ClientError) as missing:
+            run(timed.get_json(a.port, "/generations/nothing-here"))
+        assert missing.value.status == 404
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["worker"], "worker needs --redis URL"),
+    (["worker", "--redis", "localhost:6379"], "give a Redis URL"),
+    (["worker", "--redis", "redis://127.0.0.1:1", "--claim-idle", "0"], "--claim-idle must be positive"),
+    (["serve", "--events", "localhost:6379"], "--events takes a Redis URL"),
+])
+def test_command_line_mistakes_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
+
+
+def test_worker_help_names_its_flags(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["worker", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert all(flag in out for flag in ("--redis URL", "--claim-idle S", "--model MODEL"))
