@@ -3,6 +3,7 @@
     chapter.py    helpers the notebooks share (show the library's source, record the headline)
     notebooks.py  python -m streamlab run-notebooks: every chapter executed with papermill
     plots.py      every chart the chapters draw; style.py its one style and the reading threshold
+    connection_plots.py  chapter 14's chart: each stream's wait for a connection, and its answer
     figures.py    each figure a chapter shows, saved as PNG and SVG
     report.py     build/report.html: each chapter's headline and key figure
     grading.py    the exercises' checks, and grading a class

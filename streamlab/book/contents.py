@@ -84,6 +84,10 @@ ABOUT: dict[str, About] = {
         "Which other hops (a compressor, a cache, a function platform) turn a stream back into one late answer,"
         " and which header or setting makes each one behave?",
         ("06_the_proxy",)),
+    "14_many_streams_in_one_browser": About(
+        "How many event streams does one page get from one origin, and why do the 7th and 8th wait over HTTP/1.1"
+        " but not over HTTP/2?",
+        ("06_the_proxy", "08_reconnect_and_resume")),
 }
 
 

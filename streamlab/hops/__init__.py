@@ -7,6 +7,7 @@
     exchange.py           the proxy's log: one row per exchange, ending with one outcome
     function_platform.py  the proxy as a function platform: an execution limit, a buffering runtime, a bill
     nginx.py              Debian's nginx on a loopback port, from a temporary folder
+    tls.py                a throwaway certificate and its SPKI pin; nginx's TLS and HTTP/2 listen lines
     settings.py           every setting of the proxy and the platform, declared once (docs/limits.md)
 
 The forwarders are pure (bytes in, bytes out); the proxy is the one accept loop

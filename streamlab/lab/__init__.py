@@ -17,6 +17,7 @@
     between.py       chapter 12's nginx settings, the reader's verdict on a trace, the two designs' bills
     replicas.py      chapter 13: replicas behind nginx, workers (in process or as processes), one shared log
     redis_server.py  a private redis-server on a free loopback port, its own folder, stopped by itself
+    connection_limit.py  chapter 14: eight event streams from one Chromium page, over HTTP/1.1 and HTTP/2
     curl.py          curl -N as a subprocess, each chunk of its stdout timed
     llamacpp.py      llama.cpp's server (make engine) on a loopback port, as an upstream
     info.py          python -m streamlab info: load the model, time its first token and its speed
