@@ -128,6 +128,15 @@ def test_serve_in_process_gives_a_listening_server_and_its_loop_then_shuts_it_do
     assert not server.listening and loop.is_closed()
 
 
+def test_serve_in_process_keeps_the_start_up_line_out_of_the_caller_s_stderr(capsys):
+    """A chapter serving in process shows no operator's log line (its store, what it recovered) as stderr."""
+    from fakes import FakeLM
+
+    with runner.serve_in_process(FakeLM("Hello.")) as server:
+        assert "left streaming by a crash" in server.start_log
+    assert "streamlab: store" not in capsys.readouterr().err
+
+
 def test_a_server_not_started_is_not_listening():
     from fakes import FakeLM
     from streamlab.server import Server

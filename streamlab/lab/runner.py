@@ -218,8 +218,13 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     throwaway store unless ``db_path`` is given, and is shut down on the way
     out. No process to start and no model to load again: a chapter that has
     the model already serves it in seconds less (the tests serve a fake).
+    The server's start-up line (its store, and what it recovered from a
+    crash) is for an operator's terminal: in process it is kept in
+    ``server.start_log`` rather than printed into the chapter that serves it.
     """
     import asyncio
+    import contextlib
+    import io
 
     from streamlab.server import Server, ServerConfig
 
@@ -229,7 +234,9 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     config.setdefault("db_path", os.path.join(tempfile.mkdtemp(prefix="streamlab-in-process-"), "streamlab.db"))
     server = Server(lm, ServerConfig(port=0, **config))
     try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        with contextlib.redirect_stderr(io.StringIO()) as said:
+            asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        server.start_log = said.getvalue()
         yield server
     finally:
         if server.listening:
