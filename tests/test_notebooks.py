@@ -31,6 +31,7 @@ QUICK: dict[str, dict] = {
                                 "stream_tokens": 10, "load_concurrency": [1, 2], "load_tokens": 6,
                                 "backpressure_duration": 5.0, "backpressure_rate": 600.0},
     "12_what_else_sits_between": {"max_tokens": 12, "long_tokens": 1000, "max_duration": 3.0, "answers": 2},
+    "14_many_streams_in_one_browser": {"rate": 40.0, "tokens": 20},  # 0.5 s answers: 8 streams three ways in ~3 s
 }
 
 
@@ -378,3 +379,30 @@ def test_12_what_else_sits_between(tmp_path):
         assert curl["direct, curl -N"]["stdout writes"] > 1 and curl["direct, curl without -N"]["stdout writes"] == 1
         (hop,) = set(curl) - {"direct, curl -N", "direct, curl without -N"}
         assert curl[hop]["first text (s)"] == curl[hop]["end (s)"]  # through the hop, it does not stream
+
+def test_14_many_streams_in_one_browser(tmp_path):
+    from streamlab.hops.nginx import find_nginx
+    from streamlab.lab.connection_limit import DIRECT, HTTP1_TLS, HTTP2_TLS
+
+    f = run_chapter("14_many_streams_in_one_browser", tmp_path)
+    if not f["browser"]:
+        assert not os.environ.get("CI"), "CI installs Chromium: the chapter must measure"
+        pytest.skip("no Chromium here: the chapter measured nothing")
+    if os.environ.get("CI") or find_nginx():
+        assert f["have_nginx"], "CI installs nginx and openssl: the HTTP/2 path must run"
+    paths = f["paths"]
+    assert set(paths) == ({DIRECT, HTTP1_TLS, HTTP2_TLS} if f["have_nginx"] else {DIRECT})
+    for label in (DIRECT, HTTP1_TLS) if f["have_nginx"] else (DIRECT,):
+        streams = paths[label]["streams"]
+        assert len(streams) == 8 and {s["protocol"] for s in streams} == {"http/1.1"}, label
+        first_end = min(s["end"] for s in streams)  # measured in the page: the earliest stream's end
+        assert all(s["first_event"] < first_end for s in streams[:6]), label  # six open at once...
+        assert all(s["first_event"] >= first_end for s in streams[6:]), label  # ...the 7th and 8th after one ended
+        assert paths[label]["most at once"] == 6, label
+    if f["have_nginx"]:
+        h2 = paths[HTTP2_TLS]
+        streams = h2["streams"]
+        assert {s["protocol"] for s in streams} == {"h2"} and h2["connections"] == 1 and h2["most at once"] == 8
+        firsts = [s["first_event"] for s in streams]
+        answer = sorted(s["end"] - s["first_event"] for s in streams)[4]
+        assert (max(firsts) - min(firsts)) / answer < 0.25  # all 8 start together: a sliver of one answer
