@@ -45,6 +45,7 @@ NAMES = [
     "ex7_reading_pace",
     "ex8_follow_a_resumable_answer",
     "ex9_keep_strangers_out",
+    "ex10_openai_chunks",
 ]
 
 
@@ -484,3 +485,8 @@ def test_ex9_keep_strangers_out(tmp_path):
     if headless.unavailable_reason():
         pytest.skip(f"no headless Chromium: {headless.unavailable_reason()}")
     assert_grading_can_fail("ex9_keep_strangers_out", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex10_openai_chunks(tmp_path):
+    assert_grading_can_fail("ex10_openai_chunks", tmp_path)
