@@ -279,3 +279,16 @@ def test_the_real_chapters_links_resolve_in_the_book(tmp_path):
     assert not broken_links(index.parent)
     assert len(list(index.parent.glob("[0-9][0-9]_*.html"))) == len(chapters())
     assert len(list(index.parent.glob("ex*.html"))) == len(exercises())
+
+
+def test_the_teachers_page_is_linked_from_the_readme_and_its_links_resolve():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "](docs/teaching.md)" in readme
+    page = REPO / "docs" / "teaching.md"
+    text = page.read_text(encoding="utf-8")
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if not re.match(r"^([a-z]+:|#)", link):
+            assert (page.parent / link).resolve().is_file(), f"docs/teaching.md links to {link}, which is not there"
+    for needed in ("Session 1", "Session 2", "Session 3", "Grading a class", "What moves between runs"):
+        assert needed in text
+    assert "--solutions" in text, "the teacher's page says how to check the model answers pass"
