@@ -264,6 +264,8 @@ def test_every_exercise_in_the_readme_table_names_real_chapters():
     rows = exercise_rows()
     stems = {nb.stem for nb in chapters()}
     assert {row.stem for row in rows} == {nb.stem for nb in exercises()}, "one row per exercise notebook"
+    missing = [row.stem for row in rows if not row.in_table]
+    assert not missing, f"notebooks/exercises/README.md's table does not list {missing}"
     for row in rows:
         assert row.chapters and set(row.chapters) <= stems, row
         assert (EXERCISES / f"{row.stem}.ipynb").is_file()

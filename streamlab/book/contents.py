@@ -99,6 +99,7 @@ class ExerciseRow:
     time: str
     what: str
     chapters: tuple[str, ...]
+    in_table: bool = True  # False: the table does not list it yet, and this row was read from its brief
 
     @property
     def number(self) -> int:
@@ -131,7 +132,9 @@ def exercise_rows(readme: Path = EXERCISE_README) -> list[ExerciseRow]:
 
     The table is the one whose header names a "Notebook" and a "Chapter"
     column; a row's exercise is the notebook its Notebook cell links to,
-    its chapters every ``NN_name.ipynb`` its Chapter cell links to.
+    its chapters every ``NN_name.ipynb`` its Chapter cell links to. An
+    exercise notebook beside the README that the table does not list yet
+    gets its row from its brief (the chapters its first cell links to).
     """
     try:
         lines = Path(readme).read_text(encoding="utf-8").splitlines()
@@ -158,7 +161,23 @@ def exercise_rows(readme: Path = EXERCISE_README) -> list[ExerciseRow]:
         if notebooks:
             what = _LINK.sub(r"\1", next((v for k, v in cell.items() if k.startswith("what")), ""))
             rows.append(ExerciseRow(notebooks[0], cell.get("time", ""), what, chapters))
-    return rows
+    listed = {row.stem for row in rows}
+    for notebook in sorted(Path(readme).parent.glob("ex[0-9]*_*.ipynb")):
+        if notebook.stem not in listed:  # not in the table yet: what its brief's first lines say
+            rows.append(_row_from_brief(notebook))
+    return sorted(rows, key=lambda row: row.number)
+
+
+def _row_from_brief(notebook: Path) -> ExerciseRow:
+    """An exercise's row from its brief: the chapters its first cell links to, its "About N minutes"."""
+    cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+    first = next(("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "markdown"), "")
+    chapters = tuple(dict.fromkeys(Path(t).stem for _, t in _LINK.findall(first) if re.fullmatch(
+        r"\d\d_\w+", Path(t).stem)))
+    minutes = re.search(r"About (\d+) minutes", first)
+    title = re.search(r"^#\s+Exercise \d+\.\s*(.+)$", first, re.M)
+    return ExerciseRow(notebook.stem, f"{minutes.group(1)} min" if minutes else "",
+                       title.group(1).strip() if title else "", chapters, in_table=False)
 
 
 def exercises_by_chapter(readme: Path = EXERCISE_README) -> dict[str, list[ExerciseRow]]:
