@@ -81,7 +81,8 @@ ORIGINAL: dict[str, list[tuple[str, str, Callable[[dict[str, Any]], str]]]] = {
         ("tokens per word of prose", "1.38", lambda f: f"{f['tokens_per_word']:.2f}"),
         ("a reader at 238 wpm vs generation", "5.5 vs 21 tokens/s",
          lambda f: f"{f['reading_tps']:.1f} vs {f['generation_tps']:.1f} tokens/s"),
-        ("time per output token must stay under", "~180 ms", lambda f: f"{f['tpot_threshold_s'] * 1000:.0f} ms"),
+        ("time per output token must stay under (the reader's pace)", "~180 ms",
+         lambda f: f"{f.get('reading_pace_s', f['tpot_threshold_s']) * 1000:.0f} ms"),
     ],
     "05_when_the_user_leaves": [
         ("tokens generated, SSE reader gone after 10 pieces: watching vs --naive", "10 vs 100",
