@@ -46,6 +46,7 @@ NAMES = [
     "ex8_follow_a_resumable_answer",
     "ex9_keep_strangers_out",
     "ex10_openai_chunks",
+    "ex11_slow_reader",
 ]
 
 
@@ -214,7 +215,8 @@ def test_layout_parameters_student_cell_hook_and_no_outputs(name):
 
 
 # Lines the students' skeletons give them, which the model answers keep.
-SCAFFOLD = {"self.tokenizer = tokenizer"}
+SCAFFOLD = {"self.tokenizer = tokenizer", "self.max_queued = max_queued",
+            "self.slow_reader_timeout = slow_reader_timeout"}
 
 
 def distinctive_lines(solution: Path) -> set[str]:
@@ -490,3 +492,8 @@ def test_ex9_keep_strangers_out(tmp_path):
 @pytest.mark.notebook
 def test_ex10_openai_chunks(tmp_path):
     assert_grading_can_fail("ex10_openai_chunks", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex11_slow_reader(tmp_path):
+    assert_grading_can_fail("ex11_slow_reader", tmp_path)
