@@ -100,10 +100,13 @@ def write_config(
     if cache:
         zone = (f"\n    proxy_cache_path {folder}/cache levels=1:2 keys_zone=streamlab:1m inactive=10m;"
                 f"\n    add_header {CACHE_STATUS} $upstream_cache_status always;")
-    upstream, pool = f"http://127.0.0.1:{upstream_port}", ""
+    upstream, pool, host = f"http://127.0.0.1:{upstream_port}", "", ""
     if not isinstance(upstream_port, int):  # several replicas: round-robin, nginx's default for an upstream block
         servers = "".join(f"\n        server 127.0.0.1:{port};" for port in upstream_port)
         upstream, pool = "http://replicas", f"\n\n    upstream replicas {{{servers}\n    }}"
+        # nginx would send "Host: replicas", the block's name, which no server knows itself by: pass the client's
+        # (in each location: one that sets any header of its own inherits none from the server block).
+        host = "\n            proxy_set_header Host $host;"
     config = f"""\
 # Written by streamlab.hops.nginx: nginx defaults, everything inside {folder}.
 daemon off;
@@ -132,14 +135,14 @@ http {{
         listen 127.0.0.1:{listen_port};
 
         location / {{
-            proxy_pass {upstream};{setting}
+            proxy_pass {upstream};{host}{setting}
         }}
 
         location /ws {{
             proxy_pass {upstream};
             proxy_http_version 1.1;
             proxy_set_header Upgrade $http_upgrade;
-            proxy_set_header Connection "upgrade";
+            proxy_set_header Connection "upgrade";{host}
         }}{_indent(extra, 8)}
     }}
 }}

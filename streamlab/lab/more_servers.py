@@ -1,0 +1,289 @@
+"""Chapter 13's experiments: kill what serves a reader, and see what the reader keeps.
+
+``cluster()`` starts everything at once (Redis, replicas with the shared
+log, the same number without it, the workers, two nginx), and each
+experiment below uses it and returns plain rows:
+
+- ``replica_killed``: a reader on replica X, X killed with SIGKILL after
+  ``kill_after`` text events; the reader (an ``EventSource``) reconnects
+  through nginx and goes on, or not;
+- ``websocket_turns``: a second turn of a WebSocket conversation on a new
+  connection through nginx, and on the same replica (what a sticky session gives);
+- ``worker_killed``: the worker generating an answer killed mid-answer;
+- ``stop_elsewhere``: a cancel sent to another replica, and a reader who
+  leaves, counted in tokens run on after the signal (as chapter 5 counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamlab.client import timed
+from streamlab.client.event_source import EventSourceRun, event_source
+from streamlab.client.timed_websocket import websocket
+from streamlab.hops.nginx import NginxProcess
+from streamlab.lab.redis_server import RedisProcess, run_redis
+from streamlab.lab.replicas import run_balancer, start_replicas, start_workers
+from streamlab.lab.runner import RunningServer
+
+PROMPT = "Write a short note to a friend about a walk by the sea."
+
+
+@dataclass
+class Cluster:
+    redis: RedisProcess
+    shared: list[RunningServer]  # replicas whose /generations live in Redis
+    alone: list[RunningServer]  # replicas that each keep their own, in memory
+    workers: list[RunningServer]
+    balancer: NginxProcess  # in front of the shared replicas
+    balancer_alone: NginxProcess  # in front of the others
+    killed: list[str] = field(default_factory=list)
+
+    def replica(self, url: str) -> RunningServer:
+        return next(r for r in [*self.shared, *self.alone] if r.url == url)
+
+    def kill(self, process: RunningServer) -> None:
+        """SIGKILL: no end event, no goodbye, no acknowledgement."""
+        os.kill(process.process.pid, signal.SIGKILL)
+        process.process.wait(10)
+        self.killed.append(process.url)
+
+    def live_shared(self) -> list[RunningServer]:
+        return [r for r in self.shared if r.process.poll() is None]
+
+
+@contextmanager
+def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float = 1.0,
+            claim_idle: float = 1.0) -> Iterator[Cluster]:
+    """Redis, ``replicas`` model-less replicas sharing the log and ``alone`` without it, ``workers`` workers, two nginx."""
+    with ExitStack() as stack:
+        redis = stack.enter_context(run_redis())
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            shared_f = pool.submit(start_replicas, replicas, events=redis.url, grace=grace)
+            alone_f = pool.submit(start_replicas, alone, grace=grace)
+            workers_f = pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle))
+            started = []
+            for future in (shared_f, alone_f, workers_f):
+                try:
+                    started.append(future.result())
+                except Exception:  # noqa: BLE001 - stop what did start, then say why
+                    for f in (shared_f, alone_f, workers_f):
+                        if f.done() and f.exception() is None:
+                            for running in f.result():
+                                running.stop()
+                    raise
+        shared, alone, working = started
+        for running in (*shared, *alone, *working):
+            stack.callback(running.stop)
+        balancer = stack.enter_context(run_balancer([r.port for r in shared]))
+        balancer_alone = stack.enter_context(run_balancer([r.port for r in alone]))
+        yield Cluster(redis, shared, alone, working, balancer, balancer_alone)
+
+
+async def _watch_and_kill(run: EventSourceRun, kill_after: int, kill: Any) -> str | None:
+    """Wait until the reader has ``kill_after`` text events, then kill what serves it; who was killed."""
+    while not run.traces or sum(len(t.text_events) for t in run.traces) < kill_after:
+        if run.outcome:
+            return None
+        await asyncio.sleep(0.005)
+    done = kill(run.traces[-1])
+    return await done if inspect.isawaitable(done) else done
+
+
+def reader_row(label: str, run: EventSourceRun, whole: str, tokens_generated: int | None = None) -> dict:
+    """What one reader lived through, in one row."""
+    ids = [e.id for t in run.traces for e in t.text_events]
+    return {
+        "log": label,
+        "connections": len(run.traces),
+        "outcome": run.outcome,
+        "got_end": run.ended,
+        "text_events": len(ids),
+        "events_twice": len(ids) - len(set(ids)),
+        "same_text": run.text == whole,
+        "chars": len(run.text),
+        "chars_lost": max(0, len(whole) - len(run.text)) if whole.startswith(run.text) else None,
+        "gap_s": run.gap(),
+        "tokens_generated": tokens_generated,
+        "served_by": [t.headers.get("x-served-by") for t in run.traces if t.status == 200],
+    }
+
+
+def body(max_tokens: int, seed: int = 7) -> dict:
+    return {"prompt": PROMPT, "max_tokens": max_tokens, "seed": seed, "ignore_eos": True}
+
+
+async def uninterrupted(c: Cluster, max_tokens: int) -> tuple[EventSourceRun, dict]:
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+    run = await event_source(c.balancer.port, created["events"])
+    return run, await timed.get_json(c.balancer.port, f"/generations/{created['id']}")
+
+
+async def replica_killed(c: Cluster, max_tokens: int, kill_after: int) -> tuple[EventSourceRun, dict, str | None]:
+    """With the shared log: the replica a reader is on killed mid-answer; the reader goes on through nginx."""
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+
+    def kill(trace: Any) -> str:
+        url = trace.headers.get("x-served-by")
+        c.kill(c.replica(url))
+        return url
+
+    run = EventSourceRun(created["events"])
+    reading = asyncio.ensure_future(_read_into(run, c.balancer.port))
+    killed = await _watch_and_kill(run, kill_after, kill)
+    await reading
+    return run, await timed.get_json(c.balancer.port, f"/generations/{created['id']}"), killed
+
+
+async def _read_into(run: EventSourceRun, port: int, first_port: int | None = None) -> None:
+    """``event_source`` into a run the caller watches (the first connection to ``first_port``, if given)."""
+    await event_source(port, run.path, first_port=first_port, run=run)
+
+
+async def alone_killed(c: Cluster, max_tokens: int, kill_after: int) -> tuple[EventSourceRun, EventSourceRun, str]:
+    """Without the shared log: through nginx from the start, and stuck to one replica until it is killed.
+
+    The first reader does what the page would: POST, then GET the events,
+    both through nginx. The second starts on the replica that made its
+    generation, as a sticky session would send it, and reconnects through
+    nginx once that replica is killed.
+    """
+    created = await timed.create_generation(c.balancer_alone.port, body(max_tokens))
+    through = await event_source(c.balancer_alone.port, created["events"])
+    home = c.alone[0]
+    created = await timed.create_generation(home.port, body(max_tokens))
+    sticky = EventSourceRun(created["events"])
+    reading = asyncio.ensure_future(_read_into(sticky, c.balancer_alone.port, first_port=home.port))
+    await _watch_and_kill(sticky, kill_after, lambda trace: c.kill(home))
+    await reading
+    return through, sticky, home.url
+
+
+async def websocket_turns(c: Cluster) -> list[dict]:
+    """A conversation's second turn on a new WebSocket: through nginx (round-robin), and on the first's replica."""
+    rows = []
+    for label, second_port in (("through nginx", c.balancer.port), ("same replica (sticky)", None)):
+        first = await websocket(c.balancer.port, "Hello! My name is Ada.", 8)
+        conversation = _conversation_id(first)
+        first_upstream = _last_upstreams(c.balancer, 1)[0]
+        port = second_port or int(first_upstream.rsplit(":", 1)[1])
+        second = await websocket(port, "What is my name?", 8, extra={"conversation_id": conversation})
+        second_upstream = _last_upstreams(c.balancer, 1)[0] if second_port else first_upstream
+        error = next((e.data for e in second.events if e.kind == "error"), None)
+        rows.append({
+            "second turn": label, "first replica": first_upstream, "second replica": second_upstream,
+            "continued": bool(second.complete and error is None),
+            "error": (error or {}).get("error", {}).get("message") if isinstance(error, dict) else error,
+            "close_code": second.close_code,
+        })
+    return rows
+
+
+def _conversation_id(trace: Any) -> str | None:
+    for e in trace.events:
+        if isinstance(e.data, dict) and e.data.get("conversation_id"):
+            return e.data["conversation_id"]
+    return None
+
+
+def _last_upstreams(nginx: NginxProcess, count: int) -> list[str]:
+    """The replicas nginx sent the last ``count`` WebSocket connections to (its access log names them)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        found = re.findall(r'"GET /ws HTTP/1.1" \d+ .*upstream=(\S+)', nginx.access_log())
+        if found:
+            return found[-count:]
+        time.sleep(0.05)
+    return ["?"] * count
+
+
+async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:
+    """The worker generating an answer killed mid-answer: who ends it, with what, and how long the reader waited."""
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+    run = EventSourceRun(created["events"])
+    reading = asyncio.ensure_future(_read_into(run, c.balancer.port))
+    killed_at: list[float] = []
+
+    async def kill(trace: Any) -> str:
+        name = (await timed.get_json(c.balancer.port, f"/generations/{created['id']}"))["worker"]
+        worker = next(w for w in c.workers if f"worker {name} ready" in " ".join(w.stdout_lines))
+        c.kill(worker)
+        killed_at.append(time.perf_counter())
+        return name
+
+    name = await _watch_and_kill(run, kill_after, kill)
+    await reading
+    ends = [(t.sent + e.t, e) for t in run.traces for e in t.events if e.kind == "end"]
+    end_time, end = ends[0] if ends else (None, None)
+    state = await timed.get_json(c.balancer.port, f"/generations/{created['id']}")
+    return {
+        "killed": name, "ended_by": (end.data or {}).get("worker") if end else None,
+        "stop_reason": state["stored_reason"], "tokens_kept": state["tokens"] if end is None else end.data["tokens"],
+        "reader_text_is_kept_text": run.text == state["text"], "chars_kept": len(state["text"]),
+        "seconds_to_end": end_time - killed_at[0] if end_time is not None and killed_at else None,
+        "text_events": len(run.timeline()),
+    }
+
+
+async def stop_elsewhere(c: Cluster, max_tokens: int, after: int) -> list[dict]:
+    """A cancel sent to a replica the reader is not on, and a reader who leaves: tokens run on after each signal."""
+    rows = []
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+    run = EventSourceRun(created["events"])
+    reading = asyncio.ensure_future(_read_into(run, c.balancer.port))
+
+    async def cancel_elsewhere(trace: Any) -> str:
+        reader_on = trace.headers.get("x-served-by")
+        other = next(r for r in c.live_shared() if r.url != reader_on)
+        await timed.cancel_generation(other.port, created["id"])
+        return other.url
+
+    cancelled_on = await _watch_and_kill(run, after, cancel_elsewhere)
+    await reading
+    rows.append(_stop_row("cancel sent to another replica", run, cancelled_on))
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+    left = await timed.events(c.balancer.port, created["events"], stop_after=after)
+    state = await _until_done(c.balancer.port, created["id"])
+    end = await _end_of(c, created["id"])
+    rows.append({"signal": "the reader left (then the grace period)", "where": left.headers.get("x-served-by"),
+                 "stop_reason": state["stored_reason"], "tokens": end["tokens"],
+                 "tokens_at_stop": end.get("tokens_at_stop"),
+                 "run_on": end["tokens"] - end["tokens_at_stop"] if "tokens_at_stop" in end else None})
+    return rows
+
+
+def _stop_row(label: str, run: EventSourceRun, where: str | None) -> dict:
+    end = next((e.data for t in run.traces for e in t.events if e.kind == "end"), {}) or {}
+    return {"signal": label, "where": where, "stop_reason": end.get("stop_reason"), "tokens": end.get("tokens"),
+            "tokens_at_stop": end.get("tokens_at_stop"),
+            "run_on": end["tokens"] - end["tokens_at_stop"] if "tokens_at_stop" in end else None}
+
+
+async def _until_done(port: int, generation_id: str, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await timed.get_json(port, f"/generations/{generation_id}")
+        if state["status"] == "done" or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.05)
+
+
+async def _end_of(c: Cluster, generation_id: str) -> dict:
+    from streamlab.server.shared_log import decode_entry, events_key, open_client
+
+    redis = open_client(c.redis.url)
+    try:
+        rows = await redis.xrevrange(events_key(generation_id), count=1)
+        return decode_entry(rows[0][1])[1] if rows else {}
+    finally:
+        await redis.aclose()
