@@ -199,7 +199,7 @@ def read_openai(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, 
                 result.got(chunk.choices[0].delta.content, started)
                 result.stop_reason = chunk.choices[0].finish_reason or result.stop_reason
 
-    return _reading("openai: for chunk in create(stream=True)", OPENAI, body, owned=owned)
+    return _reading("openai: for chunk in a streamed create()", OPENAI, body, owned=owned)
 
 
 def read_openai_helper(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
