@@ -2,8 +2,8 @@
 
 Built from a few tiny "executed" chapters made here (a heading, a link, a
 printed line, a table, a real PNG from matplotlib, papermill's injected
-cell), named like the real ones so their questions and prerequisites come
-from ``streamlab.book.contents``. Then headless Chromium opens the index and
+cell), named like the real ones so their prerequisites come from
+``streamlab.book.contents``. Then headless Chromium opens the index and
 follows every link it can reach: each page loads its stylesheet and every
 image, each link leads to a file (and each #fragment to an element there),
 and every chapter and exercise page is reached. The real chapters are
@@ -27,7 +27,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from streamlab import cli
 from streamlab.book.chapter import NOTEBOOKS
-from streamlab.book.contents import ABOUT, chapter_info, exercise_rows, exercises_by_chapter
+from streamlab.book.contents import PREREQUISITES, chapter_info, exercise_rows, exercises_by_chapter
 from streamlab.book.grading import EXERCISES, exercises
 from streamlab.book.notebooks import chapters
 from streamlab.book.pages import build_book
@@ -52,8 +52,10 @@ def a_png() -> str:
 
 def executed_chapter(number: int, title: str, png: str, *, link: str) -> nbformat.NotebookNode:
     nb = new_notebook()
+    asks = ("" if number == 1 else f"**What this chapter asks:** some context for {number}. When does `x` arrive, and"
+            " why?\n\n")
     nb.cells = [
-        new_markdown_cell(f"# {number}. {title}\n\nA sentence that opens chapter {number}. Then another one.\n\n"
+        new_markdown_cell(f"# {number}. {title}\n\n{asks}A sentence that opens chapter {number}. Then another one.\n\n"
                           f"See [the other chapter]({link}) and [the repository's README](../README.md)."),
         new_code_cell("results_path = None", metadata={"tags": ["parameters"]}),
         new_code_cell("results_path = '/tmp/papermill-leftover.json'", metadata={"tags": ["injected-parameters"]}),
@@ -158,7 +160,7 @@ def test_a_page_per_executed_chapter_and_exercise(small_book):
     assert "papermill-leftover" not in page, "papermill's injected cell is not for readers"
     assert "measured 42 pieces" in page and "<table" in page and page.count('src="data:image/png;base64,') == 1
     assert 'href="01_split_characters.html" rel="prev"' in page and 'href="index.html"' in page
-    assert ABOUT["02_three_ways"].question in page
+    assert "<b>It asks:</b> When does <code>x</code> arrive, and why?</p>" in page, "the chapter's own question"
     assert 'Read first:</b> <a href="01_split_characters.html">1. Split characters</a>' in page
     assert 'href="../../README.md"' in page, "a link to a repository file reaches it from build/book/"
     assert "2.1 min on this machine" in page
@@ -176,6 +178,8 @@ def test_the_index_lists_the_reading_order_with_times_prerequisites_and_exercise
     cells = {stem: re.findall(r"<td>(.*?)</td>", row, re.S) for stem, row in rows}
     assert cells["01_split_characters"][2] == "17 s" and cells["02_three_ways"][2] == "2.1 min"
     assert cells["02_three_ways"][3] == "1", "chapter 2 names chapter 1 to read first"
+    assert cells["02_three_ways"][1] == "When does <code>x</code> arrive, and why?"
+    assert cells["01_split_characters"][1] == "A sentence that opens chapter 1.", "no question stated: its first sentence"
     assert "not in this run" in cells["03_bytes_on_the_wire"][0] and "href" not in cells["03_bytes_on_the_wire"][0]
     assert "Exercise 2 (25 min)" in cells["03_bytes_on_the_wire"][4]
     assert "on 2 CPU cores" in index and "2026-12-01T20:00:00" in index
@@ -247,17 +251,18 @@ def test_make_run_writes_the_book():
 # --------------------------------------------------------------------------
 
 
-def test_contents_describes_real_chapters_and_names_earlier_prerequisites():
+def test_every_chapter_states_its_question_and_names_earlier_prerequisites():
     stems = [nb.stem for nb in chapters()]
     assert len(stems) >= 12
-    assert not set(ABOUT) - set(stems), "ABOUT describes a chapter that is not in notebooks/"
-    for stem, about in ABOUT.items():
-        assert about.question.endswith("?"), stem
-        for needed in about.prerequisites:
+    assert not set(PREREQUISITES) - set(stems), "PREREQUISITES names a chapter that is not in notebooks/"
+    assert not set(stems) - set(PREREQUISITES), "every chapter says what to read first (contents.PREREQUISITES)"
+    for stem, needs in PREREQUISITES.items():
+        for needed in needs:
             assert needed in stems and needed < stem, f"{stem} needs {needed}: not an earlier chapter"
     for nb in chapters():
         info = chapter_info(nb)
-        assert info.title and not info.title[0].isdigit() and info.question, nb.name
+        assert info.title and not info.title[0].isdigit(), nb.name
+        assert info.stated and info.question.endswith("?"), f"{nb.name} states no question in its first cell"
 
 
 def test_every_exercise_in_the_readme_table_names_real_chapters():

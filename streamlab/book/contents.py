@@ -1,19 +1,19 @@
 """What each chapter asks and what it builds on, and which exercise goes with it: the book's table of contents.
 
-One place for what the chapters themselves do not say in a form a program
-can read:
+Each thing is said once, where it belongs:
 
-- ``ABOUT``: each chapter's question, in one sentence, and the chapters a
-  reader should have read first (by file name, so a renumbering is caught by
-  the tests instead of pointing at the wrong chapter). A chapter not listed
-  here still gets a page: its question is then its opening paragraph's first
-  sentence, and no prerequisites are named.
-- the exercises: read from the table of ``notebooks/exercises/README.md``
+- a chapter's question is the chapter's own: the paragraph of its first cell
+  that starts ``**What this chapter asks:**`` or ``**The question:**`` (the
+  book shows its questions; a chapter without that paragraph, its opening
+  sentence);
+- what to read first is ``PREREQUISITES`` here, by file name, so a
+  renumbering is caught by the tests instead of pointing at the wrong chapter;
+- the exercises come from the table of ``notebooks/exercises/README.md``
   (its "Notebook", "Time" and "Chapter" columns), the teacher's page that
-  already says which exercise goes with which chapter, so it is said once.
+  already says which exercise goes with which chapter.
 
-The book (``streamlab.book.pages``), the student copy
-(``streamlab.book.student_copy``) and the teacher's page read it from here.
+The book (``streamlab.book.pages``) and the student copy
+(``streamlab.book.student_copy``) read them from here.
 """
 
 from __future__ import annotations
@@ -25,69 +25,26 @@ from pathlib import Path
 
 from streamlab.book.chapter import NOTEBOOKS
 
-__all__ = ["ABOUT", "About", "ChapterInfo", "ExerciseRow", "chapter_info", "exercise_rows", "exercises_by_chapter"]
+__all__ = ["PREREQUISITES", "ChapterInfo", "ExerciseRow", "chapter_info", "exercise_rows", "exercises_by_chapter"]
 
 EXERCISE_README = NOTEBOOKS / "exercises" / "README.md"
 
 
-@dataclass(frozen=True)
-class About:
-    question: str
-    prerequisites: tuple[str, ...] = ()
-
-
-ABOUT: dict[str, About] = {
-    "01_split_characters": About(
-        "What does a reader see when a server decodes each token on its own, and how does a detokenizer send only"
-        " whole characters, at a constant cost per token?"),
-    "02_three_ways": About(
-        "When does the reader see the first words, and how many bytes travel, when one answer is sent whole, as"
-        " Server-Sent Events, or over a WebSocket?",
-        ("01_split_characters",)),
-    "03_bytes_on_the_wire": About(
-        "How many bytes does each format wrap around a piece of text: streamlab's SSE event, OpenAI's and"
-        " Anthropic's events, a WebSocket frame?",
-        ("02_three_ways",)),
-    "04_the_reader": About(
-        "How much faster than a person reads does the model write, and which silence between pieces would a"
-        " reader notice?",
-        ("02_three_ways",)),
-    "05_when_the_user_leaves": About(
-        "Does the server stop the model when its reader leaves, over SSE, a WebSocket and a plain request, and"
-        " how many tokens are made for nobody when it does not watch?",
-        ("02_three_ways",)),
-    "06_the_proxy": About(
-        "What does a buffering proxy (a stand-in, and nginx at its defaults) do to the time to the first event,"
-        " and which header or setting undoes it?",
-        ("02_three_ways", "04_the_reader")),
-    "07_persisting_partial_answers": About(
-        "When a stream ends early (token limit, reader gone, stop, model error, crash), what does the server"
-        " keep, and how does it mark how the answer ended?",
-        ("05_when_the_user_leaves",)),
-    "08_reconnect_and_resume": About(
-        "When a connection drops, can the reader pick up where it left off with Last-Event-ID, while the model"
-        " never starts over?",
-        ("05_when_the_user_leaves", "07_persisting_partial_answers")),
-    "09_a_stranger_at_the_door": About(
-        "What can any program, or any web page the user opens, make a model server on 127.0.0.1 do, and which"
-        " refusals and limits stop it?",
-        ("02_three_ways", "05_when_the_user_leaves")),
-    "10_the_formats_people_actually_use": About(
-        "What changes for a program that reads OpenAI's or Anthropic's streaming format through their SDKs, and"
-        " for a reader who leaves when streamlab relays another server?",
-        ("03_bytes_on_the_wire", "05_when_the_user_leaves", "06_the_proxy")),
-    "11_serving_many_readers": About(
-        "What does streaming add to the model, how many streams can one process serve, and what happens to each"
-        " reader's silences when many ask at once or one cannot keep up?",
-        ("04_the_reader", "05_when_the_user_leaves")),
-    "12_what_else_sits_between": About(
-        "Which other hops (a compressor, a cache, a function platform) turn a stream back into one late answer,"
-        " and which header or setting makes each one behave?",
-        ("06_the_proxy",)),
-    "14_many_streams_in_one_browser": About(
-        "How many event streams does one page get from one origin, and why do the 7th and 8th wait over HTTP/1.1"
-        " but not over HTTP/2?",
-        ("06_the_proxy", "08_reconnect_and_resume")),
+# What to read before each chapter (by file name: a renumbering is caught by the tests, not read wrong).
+PREREQUISITES: dict[str, tuple[str, ...]] = {
+    "01_split_characters": (),
+    "02_three_ways": ("01_split_characters",),
+    "03_bytes_on_the_wire": ("02_three_ways",),
+    "04_the_reader": ("02_three_ways",),
+    "05_when_the_user_leaves": ("02_three_ways",),
+    "06_the_proxy": ("02_three_ways", "04_the_reader"),
+    "07_persisting_partial_answers": ("05_when_the_user_leaves",),
+    "08_reconnect_and_resume": ("05_when_the_user_leaves", "07_persisting_partial_answers"),
+    "09_a_stranger_at_the_door": ("02_three_ways", "05_when_the_user_leaves"),
+    "10_the_formats_people_actually_use": ("03_bytes_on_the_wire", "05_when_the_user_leaves", "06_the_proxy"),
+    "11_serving_many_readers": ("04_the_reader", "05_when_the_user_leaves"),
+    "12_what_else_sits_between": ("06_the_proxy",),
+    "14_many_streams_in_one_browser": ("06_the_proxy", "08_reconnect_and_resume"),
 }
 
 
@@ -116,7 +73,7 @@ class ChapterInfo:
     title: str
     question: str
     prerequisites: tuple[str, ...]
-    stated: bool  # whether ABOUT describes it (otherwise the question is its first sentence)
+    stated: bool  # whether the chapter states its question (otherwise the question is its first sentence)
     exercises: list[ExerciseRow] = field(default_factory=list)
 
 
@@ -189,9 +146,23 @@ def exercises_by_chapter(readme: Path = EXERCISE_README) -> dict[str, list[Exerc
     return found
 
 
-def _first_sentence(text: str) -> str:
-    sentence = re.split(r"(?<=[.?!])\s", " ".join(text.split()), maxsplit=1)[0]
-    return re.sub(r"[*`]", "", sentence)
+# The paragraph in which a chapter states its question ("**What this chapter asks:** ...", "**The question:** ...").
+_ASKS = re.compile(r"^\*\*(?:What this chapter asks|The question):?\*\*:?\s*(.+?)(?:\n\s*\n|\Z)", re.M | re.S)
+
+
+def _sentences(text: str) -> list[str]:
+    return re.split(r"(?<=[.?!])\s+", re.sub(r"\*+", "", " ".join(text.split())).strip())
+
+
+def _question(first_cell: str) -> tuple[str, bool]:
+    """The chapter's question from its first cell, and whether the chapter states it as one."""
+    asks = _ASKS.search(first_cell)
+    if asks:
+        questions = [s for s in _sentences(asks.group(1)) if s.endswith("?")] or _sentences(asks.group(1))
+        text = " ".join(questions)
+        return text[:1].upper() + text[1:], True
+    paragraphs = [p for p in re.split(r"\n\s*\n", first_cell) if p.strip() and not p.lstrip().startswith("#")]
+    return (_sentences(paragraphs[0])[0] if paragraphs else ""), False
 
 
 def chapter_info(notebook: Path, exercises: dict[str, list[ExerciseRow]] | None = None) -> ChapterInfo:
@@ -202,11 +173,6 @@ def chapter_info(notebook: Path, exercises: dict[str, list[ExerciseRow]] | None 
     heading = re.search(r"^#\s+(.+)$", first, re.M)
     number = int(notebook.name[:2])
     title = re.sub(r"^\d+\.\s*", "", heading.group(1).strip()) if heading else notebook.stem[3:].replace("_", " ")
-    about = ABOUT.get(notebook.stem)
-    if about is not None:
-        question, prerequisites = about.question, about.prerequisites
-    else:
-        paragraphs = [p for p in re.split(r"\n\s*\n", first) if p.strip() and not p.lstrip().startswith("#")]
-        question, prerequisites = (_first_sentence(paragraphs[0]) if paragraphs else ""), ()
+    question, stated = _question(first)
     rows = (exercises if exercises is not None else exercises_by_chapter()).get(notebook.stem, [])
-    return ChapterInfo(notebook.stem, number, title, question, prerequisites, about is not None, list(rows))
+    return ChapterInfo(notebook.stem, number, title, question, PREREQUISITES.get(notebook.stem, ()), stated, list(rows))

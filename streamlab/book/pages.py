@@ -268,7 +268,7 @@ def _about(info: ChapterInfo, infos: dict[str, ChapterInfo], pages: set[str], se
     needs = ", ".join(_chapter_ref(s, infos, pages) for s in info.prerequisites) or "nothing before it"
     work = ", ".join(_exercise_ref(row, pages) for row in info.exercises) or "none yet"
     ran = f"{_duration(seconds)} on this machine" + (" (its last run failed: this page shows that run)" if failed else "")
-    return (f'<aside class="about"><p><b>It asks:</b> {esc(info.question)}</p>'
+    return (f'<aside class="about"><p><b>It asks:</b> {_inline_markdown(info.question)}</p>'
             f"<p><b>Read first:</b> {needs}</p><p><b>Ran in:</b> {esc(ran)}</p>"
             f"<p><b>Exercise:</b> {work}</p></aside>")
 
@@ -311,7 +311,7 @@ def _index(out: Path, order: list[Path], infos: dict[str, ChapterInfo], pages: s
                  else f'{esc(_chapter_label(info))} <span class="muted">(not in this run)</span>')
         needs = ", ".join(f"{infos[s].number}" if s in infos else esc(s) for s in info.prerequisites) or "—"
         work = ", ".join(_exercise_ref(row, pages) for row in info.exercises) or "—"
-        parts.append(f'<tr id="{esc(nb.stem)}"><td>{title}</td><td>{esc(info.question)}</td>'
+        parts.append(f'<tr id="{esc(nb.stem)}"><td>{title}</td><td>{_inline_markdown(info.question)}</td>'
                      f"<td>{esc(_duration(seconds.get(nb.stem)))}</td><td>{needs}</td><td>{work}</td></tr>")
     parts.append("</table>")
     if briefs:
