@@ -108,6 +108,7 @@ def small_book(tmp_path_factory) -> Path:
     (out / "results" / "timings.json").write_text(json.dumps({
         "chapters": {CHAPTER_NAMES[0]: 17.2, CHAPTER_NAMES[1]: 123.4}, "total": 140.6, "cpus": 2,
         "finished": "2026-12-01T20:00:00", "failed": {}}), encoding="utf-8")
+    (out / "report.html").write_text("<!doctype html><title>report</title>", encoding="utf-8")
     return build_book(out, source=source)
 
 
@@ -184,6 +185,7 @@ def test_the_index_lists_the_reading_order_with_times_prerequisites_and_exercise
     assert "Exercise 2 (25 min)" in cells["03_bytes_on_the_wire"][4]
     assert "on 2 CPU cores" in index and "2026-12-01T20:00:00" in index
     assert "A <code>function</code>." in index
+    assert 'href="../report.html"' in index, "the index links the run's one-page report beside it"
 
 
 def test_an_exercise_page_is_its_brief_and_links_its_chapter(small_book):
