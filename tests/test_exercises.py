@@ -47,6 +47,7 @@ NAMES = [
     "ex9_keep_strangers_out",
     "ex10_openai_chunks",
     "ex11_slow_reader",
+    "ex12_flushing_gzip",
 ]
 
 
@@ -497,3 +498,8 @@ def test_ex10_openai_chunks(tmp_path):
 @pytest.mark.notebook
 def test_ex11_slow_reader(tmp_path):
     assert_grading_can_fail("ex11_slow_reader", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex12_flushing_gzip(tmp_path):
+    assert_grading_can_fail("ex12_flushing_gzip", tmp_path)
