@@ -69,7 +69,7 @@ def test_an_unknown_command_is_one_line_with_the_nearest():
     assert "'serv'" in line and "did you mean 'serve'" in line and "run-notebooks" in line
 
 
-@pytest.mark.parametrize("command", ["run-notebooks", "report", "info"])
+@pytest.mark.parametrize("command", ["run-notebooks", "report", "book", "info"])
 def test_help_has_no_raw_backticks_and_tells_of_the_debug_switch(command):
     done = streamlab(command, "--help")
     assert done.returncode == 0 and "``" not in done.stdout
