@@ -12,7 +12,7 @@ import json
 import pytest
 
 from streamlab.book.proofread import check_executed, notebook_problems, prose_problems
-from streamlab.book.wording import a_an, count, either, of_all, plural, share_word, spread, with_article
+from streamlab.book.wording import a_an, count, either, listing, of_all, plural, share_word, spread, with_article
 
 BAD = {
     "Padded to 32-byte blocks, 1 sizes remain.": "number agreement",
@@ -86,6 +86,7 @@ def test_wording_picks_words_from_numbers():
     assert [share_word(s) for s in (1.0, 0.88, 0.5, 0.2, 0.05, 0.0)] == ["every", "most", "about half", "some", "few",
                                                                         "no"]
     assert either(True, "the same text", "a different text") == "the same text"
+    assert [listing(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]
     assert spread([0.24, 0.21, 0.22], unit=" s") == "0.21–0.24 s over 3 rounds"
     assert spread([0.22], unit=" s") == "0.22 s from 1 round, no spread"
 

@@ -8,6 +8,7 @@ must follow the values rather than the writer's expectation:
     of_all(7, 8, "size")              '7 of 8 sizes (88%)'   of_all(8, 8, "size") -> 'all 8 sizes'
     share_word(0.88)                  'most'  (never 'every' below 100%)
     either(equal, "is the same text", "differs")   words for a yes/no, never 'True'
+    listing(["eof", "close frame"])   'eof and close frame': a list as a sentence says it, never ['eof', ...]
     spread([0.21, 0.24, 0.22], unit=" s")           '0.21-0.24 s over 3 rounds'
 
 ``streamlab.book.proofread`` checks the rendered chapters for the mistakes
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-__all__ = ["a_an", "count", "either", "of_all", "plural", "share_word", "spread", "with_article"]
+__all__ = ["a_an", "count", "either", "listing", "of_all", "plural", "share_word", "spread", "with_article"]
 
 # Plurals that do not just add "s"; a noun not listed takes "s" (or "es" after s, x, ch, sh).
 _IRREGULAR = {"reply": "replies", "entry": "entries", "query": "queries", "body": "bodies", "proxy": "proxies",
@@ -128,6 +129,14 @@ def of_all(part: int, whole: int, noun: str, many: str | None = None) -> str:
     if part == 0:
         return f"none of the {whole} {count(whole, noun, many)}"
     return f"{part} of {whole} {count(whole, noun, many)} ({part / whole:.0%})"
+
+
+def listing(items: Sequence[Any], last: str = "and") -> str:
+    """Items as a sentence lists them: 'a', 'a and b', 'a, b and c' (no Python brackets, no quotes)."""
+    words = [str(item) for item in items]
+    if len(words) <= 1:
+        return "".join(words)
+    return f"{', '.join(words[:-1])} {last} {words[-1]}"
 
 
 def either(flag: Any, yes: str, no: str) -> str:
