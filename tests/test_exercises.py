@@ -197,6 +197,21 @@ def test_every_exercise_has_a_solution():
     assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == sorted(f"ex{i}.py" for i in range(1, len(NAMES) + 1))
 
 
+def test_the_teachers_page_names_every_exercise_and_every_chapter():
+    """One row per exercise, in order, and every chapter 1-12 named by at least one of them."""
+    readme = (EXERCISES / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| \[(ex\d+_\w+)\]\(\2\.ipynb\) \| (\d+) min \|(.*)\|$", readme, re.M)
+    assert [name for _, name, _, _ in rows] == NAMES
+    assert [int(number) for number, _, _, _ in rows] == list(range(1, len(NAMES) + 1))
+    chapters = {int(n) for *_, rest in rows for n in re.findall(r"\]\(\.\./(\d\d)_\w+\.ipynb\)", rest)}
+    assert chapters >= set(range(1, 13)), f"no exercise for chapters {sorted(set(range(1, 13)) - chapters)}"
+    for *_, rest in rows:
+        for link in re.findall(r"\]\(\.\./(\d\d_\w+\.ipynb)\)", rest):
+            assert (EXERCISES.parent / link).is_file(), link
+    counts = ["One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve"]
+    assert f"{counts[len(NAMES) - 1]} exercises" in readme, "the page's count of exercises"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_layout_parameters_student_cell_hook_and_no_outputs(name):
     nb = nbformat.read(notebook(name), as_version=4)
