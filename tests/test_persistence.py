@@ -200,7 +200,7 @@ def test_kill_minus_nine_loses_at_most_the_last_second_and_sigterm_nothing(fresh
     conversation_id = trace.headers["x-conversation-id"]
 
     restarted = fresh_server(*flags)
-    assert "1 answer(s) left streaming by a crash marked interrupted" in restarted.stderr()
+    assert "1 answer left streaming by a crash, marked interrupted" in restarted.stderr()
     user, answer = conversation(restarted.port, conversation_id)
     assert user["content"] == PROMPT  # the question was written before the first token
     assert answer["status"] == "done" and answer["stop_reason"] == "interrupted" and answer["incomplete"]

@@ -133,11 +133,9 @@ class Server:
             self._listener = None
             raise
         recovered = self._store.recover_interrupted()
-        print(
-            f"streamlab: store {self._store.path}: {recovered} answer(s) left streaming by a crash marked interrupted",
-            file=sys.stderr,
-            flush=True,
-        )
+        answers = "1 answer" if recovered == 1 else f"{recovered} answers"  # the operator's line, worded by its count
+        print(f"streamlab: store {self._store.path}: {answers} left streaming by a crash, marked interrupted",
+              file=sys.stderr, flush=True)
         return self.port
 
     async def start(self, lm: Any = None) -> int:
