@@ -22,6 +22,7 @@ BAD = {
     "an 12-token answer": "'an' before '12-token'",
     "a 18-byte frame": "'a' before '18-byte'",
     "a SSE event": "'a' before 'SSE'",
+    "a X-Accel-Buffering header": "'a' before 'X-Accel-Buffering'",
     "an apple a orange": "'a' before 'orange'",
     "the same text: **True**": "Python value",
     "died: True": "Python value",
@@ -54,6 +55,8 @@ GOOD = [
     "The target is met: 0.21–0.24 s over 5 rounds, under 0.25 s.",
     "Read the [chapter 2 run](../build/runs/02.json) back.",
     "the joined text equals the original",
+    "the chapter 2 server, an RFC 6455 frame, an HTTP/1.1 connection, HTTP/2 stream, port 8000 server",
+    "an X-Accel-Buffering header, an nginx proxy, an F frame",
 ]
 
 
@@ -76,7 +79,7 @@ def test_wording_picks_words_from_numbers():
     assert count(1, "write") == "write" and count(4, "write") == "writes"
     for word, article in {"8-token": "an", "12-token": "a", "11-token": "an", "18": "an", "180": "a", "80": "an",
                           "1,800": "a", "11,000": "an", "SSE": "an", "HTTP": "an", "URL": "a", "WebSocket": "a",
-                          "hour": "an", "user": "a", "unique": "a", "one-off": "a", "answer": "an", "event": "an",
+                          "hour": "an", "user": "a", "X-Accel": "an", "nginx": "an", "unique": "a", "one-off": "a", "answer": "an", "event": "an",
                           "**8**-token": "an"}.items():
         assert a_an(word) == article, word
     assert with_article("8-token answer") == "an 8-token answer"

@@ -42,7 +42,7 @@ _PY_TUPLE = re.compile(rf"\({_ITEM}(?:,\s*{_ITEM})+\)")
 _MAYBE_PLURAL = re.compile(r"\w+\((?:s|es)\)")
 
 # "1 sizes": one, then a plural noun. Words ending in s that are not plurals, and units, are left alone.
-_ONE_THEN = re.compile(r"(?<![\w.,])1 ([a-z]+s)\b(?![-'’])")
+_ONE_THEN = re.compile(r"(?<![\w.,/])1 ([a-z]+s)\b(?![-'’])")
 _NOT_PLURAL = {"is", "was", "has", "does", "as", "us", "its", "this", "thus", "plus", "minus", "less", "ms", "ns",
                "bps", "kbps", "mbps", "fps", "tps", "yes", "across", "versus", "whereas", "always", "perhaps"}
 # "3 token": a number other than one, then one of the book's countable nouns in the singular.
@@ -52,8 +52,11 @@ NOUNS = ("token", "piece", "size", "write", "answer", "event", "byte", "reader",
          "header", "client", "length", "worker", "batch", "step", "reply", "time")
 _COMPOUND = r"(?:lengths?|counts?|limits?|ids?|budgets?|windows?|boundar(?:y|ies)|positions?|rates?|paces?|levels?)"
 _MANY_THEN = re.compile(
-    rf"(?<![\w.,])(\d[\d,]*(?:\.\d+)?) ({'|'.join(NOUNS)})(?![\w'’-])(?! {_COMPOUND}\b)(?! (?:of|per)\b)"
+    rf"(?<![\w.,/])(\d[\d,]*(?:\.\d+)?) ({'|'.join(NOUNS)})(?![\w'’-])(?! {_COMPOUND}\b)(?! (?:of|per)\b)"
     r"(?! [a-z]{2,}s\b)")  # '8 event sizes': the noun is a modifier of the plural after it
+# A number that names rather than counts: 'chapter 2 server', 'RFC 6455 frame', 'port 8000 server', 'HTTP/1.1 connection'.
+_NAMING = re.compile(r"(?:chapters?|part|section|step|figure|table|exercise|issue|RFC|port|version|Python|HTTP|#)\s*$",
+                     re.I)
 _ARTICLE = re.compile(r"(?<![\w'’-])(a|an|A|An) ([\w\d][\w.,+-]*)")
 # A share, and the words that claim all or nothing.
 _SHARE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?%")
@@ -82,9 +85,10 @@ def prose_problems(text: str) -> list[str]:
         problems += [f"{what}: {m.group()!r}" for m in pattern.finditer(text)]
     plain = _plain(text)
     problems += [f"number agreement: {m.group()!r}" for m in _ONE_THEN.finditer(plain)
-                 if m.group(1) not in _NOT_PLURAL and not re.search(r"(ss|us|is|ous)$", m.group(1))]
+                 if m.group(1) not in _NOT_PLURAL and not re.search(r"(ss|us|is|ous)$", m.group(1))
+                 and not _NAMING.search(plain[:m.start()])]
     problems += [f"number agreement: {m.group()!r}" for m in _MANY_THEN.finditer(plain)
-                 if m.group(1).replace(",", "") not in {"1", "1.0"}]
+                 if m.group(1).replace(",", "") not in {"1", "1.0"} and not _NAMING.search(plain[:m.start()])]
     problems += _article_problems(plain)
     for sentence in _sentences(plain):
         problems += _share_problems(sentence)
@@ -102,7 +106,7 @@ def _article_problems(text: str) -> list[str]:
     for m in _ARTICLE.finditer(text):
         article, word = m.group(1).lower(), m.group(2)
         first = word[0]
-        if first.isdigit() or re.match(r"^[A-Z]{2,}", word):
+        if first.isdigit() or re.match(r"^[A-Z]{2,}|^[A-Z](?![a-z])", word):
             judged = True  # numbers and acronyms: said by their sound, which a_an knows
         else:
             # words: only the plain cases (a vowel letter not u, a consonant not h); 'a user', 'an hour' are right

@@ -74,7 +74,7 @@ _VOWEL_LETTERS = set("AEFHILMNORSX")
 # Words spelt with a vowel that start with a consonant sound, and words with a silent h.
 _CONSONANT_SOUND = re.compile(
     r"^(uni(q|t|v|f|o|c|s)|usa|use|usi|usu|uti|ura|ure|uri|uro|ubiq|unanim|eu|ewe|one\b|once\b|u\b)", re.I)
-_VOWEL_SOUND = re.compile(r"^(hour|honest|honou?r|heir|herb\b)", re.I)
+_VOWEL_SOUND = re.compile(r"^(hour|honest|honou?r|heir|herb\b|nginx)", re.I)
 _ACRONYM = re.compile(r"^[A-Z][A-Z0-9]+s?\b")
 
 
@@ -90,7 +90,7 @@ def a_an(word: str) -> str:
     number = re.match(r"^[\d,.]+", word)
     if number:
         return "an" if _number_sounds_like_vowel(number.group()) else "a"
-    if _ACRONYM.match(word) and not re.match(r"^[A-Z][a-z]", word):
+    if (_ACRONYM.match(word) and not re.match(r"^[A-Z][a-z]", word)) or re.match(r"^[A-Z](?![A-Za-z])", word):
         return "an" if word[0] in _VOWEL_LETTERS else "a"
     if _VOWEL_SOUND.match(word):
         return "an"
