@@ -44,6 +44,7 @@ PREREQUISITES: dict[str, tuple[str, ...]] = {
     "10_the_formats_people_actually_use": ("03_bytes_on_the_wire", "05_when_the_user_leaves", "06_the_proxy"),
     "11_serving_many_readers": ("04_the_reader", "05_when_the_user_leaves"),
     "12_what_else_sits_between": ("06_the_proxy",),
+    "13_more_than_one_server": ("06_the_proxy", "08_reconnect_and_resume"),
     "14_many_streams_in_one_browser": ("06_the_proxy", "08_reconnect_and_resume"),
 }
 
