@@ -21,7 +21,7 @@ QUICK: dict[str, dict] = {
     "04_the_reader": {"n_prompts": 2, "max_tokens": 40, "wpm": 300.0},  # not 238: every figure must follow wpm
     "05_when_the_user_leaves": {"max_tokens": 40, "leave_after": 10},
     "06_the_proxy": {"max_tokens": 40, "leave_after": 10, "pause_after": 3, "pause_seconds": 2.0,
-                     "idle_timeout": 1.0, "ping_interval": 0.3},
+                     "idle_timeout": 1.0, "ping_interval": 0.3, "stop_rounds": 2},
     "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
     "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "max_connections": 3, "es_tokens": 6},
     "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8, 12],
@@ -161,6 +161,17 @@ def test_02_three_ways(tmp_path):
     assert ways["complete"]["ratio"] < ways["ws"]["ratio"] < ways["stream"]["ratio"]
     assert all(row["complete"] for row in f["rows"])
     assert f["source"] == "generated here" and (tmp_path / "runs" / "02_three_ways.json").exists()
+    # The raw wire: the head's fields, every kind of line, a keep-alive in the silence, chunk sizes that add up.
+    wire = f["wire"]
+    assert wire["status_line"] == "HTTP/1.1 200 OK" and wire["content_type"].startswith("text/event-stream")
+    assert wire["transfer_encoding"] == "chunked" and wire["accel"] == "no" and "no-transform" in wire["cache_control"]
+    assert {"data", "id", "event", "retry", "comment"} <= set(wire["line_kinds"]) and wire["comments"] >= 1
+    assert wire["ended"] is True and wire["sizes_match"] is True
+    # The upgrade checked both ways, our frame masked with a 4-byte key around the very request, theirs bare.
+    sock = f["websocket"]
+    assert sock["status"] == 101 and sock["accept_sent"] == sock["accept_computed"] and sock["accept_matches"] is True
+    assert sock["client_masked"] is True and sock["client_mask_key_bytes"] == 4 and sock["client_fin"] is True
+    assert sock["client_opcode"] == 1 and sock["client_payload_is_request"] is True and sock["server_masked"] is False
 
 
 def test_03_bytes_on_the_wire(tmp_path):
@@ -224,6 +235,27 @@ def test_06_the_proxy(tmp_path):
         left = f["nginx_left"]
         assert left["client_left"] and left["stop_signal"] == "eof"
         assert left["tokens"] <= QUICK["06_the_proxy"]["leave_after"] + 3
+        # SSE or WebSocket: nginx's defaults pass the event stream and refuse the upgrade; the three lines fix it.
+        plain, upgraded = f["nginx_websocket"]
+        assert plain["event stream status"] == upgraded["event stream status"] == 200
+        assert plain["event stream complete"] is True and upgraded["event stream complete"] is True
+        assert plain["WebSocket status"] == 400 and plain["WebSocket complete"] is False
+        assert upgraded["WebSocket status"] == 101 and upgraded["WebSocket complete"] is True
+    # After a drop the event stream resumes (nothing generated twice); the WebSocket's own reconnect starts over.
+    sse, sock = f["drops"]
+    assert sse["resumed with"] == f"Last-Event-ID: {f['drop_after']}" and sse["complete"] is True
+    assert sse["tokens generated in all"] == f["resume_tokens"]
+    assert sse["text the reader put together"] == sse["whole answer"]
+    assert sock["complete"] is True and sock["tokens generated in all"] >= f["resume_tokens"] + f["drop_after"]
+    # A stop mid-answer, each way and round: the server stopped within a few tokens, by the signal of that way.
+    signals = {"WebSocket, stop message": "stop_message", "event stream + cancel request": "cancel",
+               "/stream, close the connection": "eof"}
+    assert len(f["stop_rows"]) == 3 * QUICK["06_the_proxy"]["stop_rounds"]
+    for row in f["stop_rows"]:
+        assert row["noticed by"] == signals[row["way"]] and row["stop reason"] == "stopped"
+        assert 0 <= row["tokens generated after the stop"] <= 3 < f["stop_tokens"] - f["stop_after"]
+        assert row["stop to end of answer (s)"] is None if row["way"] == "/stream, close the connection" \
+            else row["stop to end of answer (s)"] >= row["stop to last piece (s)"] >= 0
 
 
 def test_07_persisting_partial_answers(tmp_path):
