@@ -31,6 +31,9 @@ QUICK: dict[str, dict] = {
                                 "stream_tokens": 10, "load_concurrency": [1, 2], "load_tokens": 6,
                                 "backpressure_duration": 5.0, "backpressure_rate": 600.0},
     "12_what_else_sits_between": {"max_tokens": 12, "long_tokens": 1000, "max_duration": 3.0, "answers": 2},
+    # 24-token answers, 3 cost rounds of 100 events: ~45 s alone, most of it starting 7 processes and 2 nginx.
+    "13_more_than_one_server": {"max_tokens": 24, "kill_after": 8, "cancel_after": 6, "bench_events": 100,
+                                "bench_rounds": 3},
     "14_many_streams_in_one_browser": {"rate": 40.0, "tokens": 20},  # 0.5 s answers: 8 streams three ways in ~3 s
 }
 
@@ -415,6 +418,47 @@ def test_12_what_else_sits_between(tmp_path):
         assert curl["direct, curl -N"]["stdout writes"] > 1 and curl["direct, curl without -N"]["stdout writes"] == 1
         (hop,) = set(curl) - {"direct, curl -N", "direct, curl without -N"}
         assert curl[hop]["first text (s)"] == curl[hop]["end (s)"]  # through the hop, it does not stream
+
+
+def test_13_more_than_one_server(tmp_path):
+    from streamlab.hops.nginx import find_nginx
+    from streamlab.lab.redis_server import find_redis
+
+    if not (find_nginx() and find_redis()):
+        assert not os.environ.get("CI"), "CI installs nginx and redis-server: chapter 13 must run"
+        pytest.skip("chapter 13 needs nginx and redis-server")
+    quick = QUICK["13_more_than_one_server"]
+    f = run_chapter("13_more_than_one_server", tmp_path)
+    readers = {r["log"]: r for r in f["readers"]}
+    base, killed = readers["shared log, uninterrupted"], readers["shared log, replica killed"]
+    # With the shared log: the whole text of an uninterrupted run, nothing twice, one answer's tokens, two replicas.
+    assert base["same_text"] and base["got_end"] and base["tokens_generated"] == quick["max_tokens"]
+    assert killed["same_text"] and killed["got_end"] and killed["events_twice"] == 0 and killed["outcome"] == "204"
+    assert killed["tokens_generated"] == quick["max_tokens"] and killed["text_events"] == base["text_events"]
+    assert len(set(f["served_by"])) == 2 and killed["gap_s"] >= killed["retry_s"] > 0
+    # Without it: round-robin sends the GET to a replica that never heard of the generation; the sticky reader
+    # keeps what it had when its replica died, and its reconnect gets 404.
+    through, sticky = readers["in memory, through nginx"], readers["in memory, sticky, replica killed"]
+    assert through["outcome"] == "failed 404" and through["text_events"] == 0
+    assert sticky["outcome"] == "failed 404" and quick["kill_after"] <= sticky["text_events"] < quick["max_tokens"]
+    turns = {t["second turn"]: t for t in f["turns"]}
+    own = turns["a store each, through nginx"]
+    assert not own["same replica"] and not own["continued"] and "conversation" in own["what the second replica said"]
+    assert turns["a store each, same replica (sticky)"]["continued"]
+    one = turns["one shared store, through nginx"]
+    assert one["continued"] and not one["same replica"]
+    # A worker killed mid-answer: another took the job over and ended it interrupted, with what the reader had.
+    w = f["worker"]
+    assert w["stop_reason"] == "interrupted" and w["ended_by"] not in (None, w["killed"])
+    assert w["reader_text_is_kept_text"] and quick["kill_after"] <= w["tokens_kept"] < quick["max_tokens"]
+    stops = {s["signal"]: s for s in f["stops"]}
+    assert stops["cancel sent to another replica"]["stop_reason"] == "stopped"
+    assert stops["the reader left (then the grace period)"]["stop_reason"] == "client_left"
+    assert all(s["run_on"] is not None and 0 <= s["run_on"] <= 2 for s in stops.values()), stops
+    cost = f["cost"]
+    assert cost["rounds"] == quick["bench_rounds"] and 2.0 <= cost["round_trips"]["median"] < 2.2
+    assert 5.0 <= cost["commands"]["median"] < 5.3 and cost["cpu_ratio"]["low"] > 1
+
 
 def test_14_many_streams_in_one_browser(tmp_path):
     from streamlab.hops.nginx import find_nginx

@@ -6,6 +6,7 @@
     notebooks.py  python -m streamlab run-notebooks: every chapter executed with papermill
     plots.py      every chart the chapters draw; style.py its one style and the reading threshold
     connection_plots.py  chapter 14's chart: each stream's wait for a connection, and its answer
+    replica_plots.py     chapter 13's chart: what a reader received while the server under it was killed
     figures.py    each figure a chapter shows, saved as PNG and SVG
     report.py     build/report.html: each chapter's headline and key figure
     grading.py    the exercises' checks, and grading a class

@@ -20,12 +20,15 @@ import asyncio
 import inspect
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from streamlab.client import timed
@@ -47,7 +50,7 @@ class Cluster:
     workers: list[RunningServer]
     balancer: NginxProcess  # in front of the shared replicas
     balancer_alone: NginxProcess  # in front of the others
-    killed: list[str] = field(default_factory=list)
+    killed: list[tuple[str, float]] = field(default_factory=list)  # (url, perf_counter) of each process killed
 
     def replica(self, url: str) -> RunningServer:
         return next(r for r in [*self.shared, *self.alone] if r.url == url)
@@ -55,8 +58,8 @@ class Cluster:
     def kill(self, process: RunningServer) -> None:
         """SIGKILL: no end event, no goodbye, no acknowledgement."""
         os.kill(process.process.pid, signal.SIGKILL)
+        self.killed.append((process.url, time.perf_counter()))
         process.process.wait(10)
-        self.killed.append(process.url)
 
     def live_shared(self) -> list[RunningServer]:
         return [r for r in self.shared if r.process.poll() is None]
@@ -64,14 +67,23 @@ class Cluster:
 
 @contextmanager
 def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float = 1.0,
-            claim_idle: float = 1.0) -> Iterator[Cluster]:
-    """Redis, ``replicas`` model-less replicas sharing the log and ``alone`` without it, ``workers`` workers, two nginx."""
+            claim_idle: float = 1.0, model: str | None = None) -> Iterator[Cluster]:
+    """Redis, ``replicas`` model-less replicas sharing the log and ``alone`` without it, ``workers`` workers, two nginx.
+
+    The replicas with the shared log keep their conversations in a SQLite file each, as replicas on
+    machines apart would; the others share one file, as replicas on one machine can (chapter 7's store).
+    """
     with ExitStack() as stack:
         redis = stack.enter_context(run_redis())
+        folder = Path(tempfile.mkdtemp(prefix="streamlab-replicas-"))
+        stack.callback(shutil.rmtree, folder, True)
+        own = [str(folder / f"replica-{i + 1}.db") for i in range(replicas)]  # a store each, as on machines apart
+        one = [str(folder / "one.db")] * alone  # one file for all, as replicas on one machine could share
         with ThreadPoolExecutor(max_workers=3) as pool:
-            shared_f = pool.submit(start_replicas, replicas, events=redis.url, grace=grace)
-            alone_f = pool.submit(start_replicas, alone, grace=grace)
-            workers_f = pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle))
+            shared_f = pool.submit(start_replicas, replicas, events=redis.url, grace=grace, dbs=own)
+            alone_f = pool.submit(start_replicas, alone, grace=grace, dbs=one)
+            workers_f = pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle),
+                                    *(["--model", model] if model else []))
             started = []
             for future in (shared_f, alone_f, workers_f):
                 try:
@@ -83,11 +95,16 @@ def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float
                                 running.stop()
                     raise
         shared, alone, working = started
-        for running in (*shared, *alone, *working):
-            stack.callback(running.stop)
+        stack.callback(_stop_all, [*shared, *alone, *working])
         balancer = stack.enter_context(run_balancer([r.port for r in shared]))
         balancer_alone = stack.enter_context(run_balancer([r.port for r in alone]))
         yield Cluster(redis, shared, alone, working, balancer, balancer_alone)
+
+
+def _stop_all(processes: list[RunningServer]) -> None:
+    """Stop them all at once: each takes up to a second to let its connections go."""
+    with ThreadPoolExecutor(max_workers=max(1, len(processes))) as pool:
+        list(pool.map(lambda running: running.stop(), processes))
 
 
 async def _watch_and_kill(run: EventSourceRun, kill_after: int, kill: Any) -> str | None:
@@ -100,20 +117,23 @@ async def _watch_and_kill(run: EventSourceRun, kill_after: int, kill: Any) -> st
     return await done if inspect.isawaitable(done) else done
 
 
-def reader_row(label: str, run: EventSourceRun, whole: str, tokens_generated: int | None = None) -> dict:
-    """What one reader lived through, in one row."""
+def reader_row(label: str, run: EventSourceRun, whole: str | None, tokens_generated: int | None,
+               max_tokens: int) -> dict:
+    """What one reader lived through, in one row (``whole``: the uninterrupted text, where there is one)."""
     ids = [e.id for t in run.traces for e in t.text_events]
+    broken = [t for t in run.traces[:-1] if not any(e.kind == "end" for e in t.events)]
+    after = run.traces[run.traces.index(broken[0]) + 1] if broken else None
     return {
         "log": label,
         "connections": len(run.traces),
         "outcome": run.outcome,
         "got_end": run.ended,
         "text_events": len(ids),
+        "of_answer": max_tokens,
         "events_twice": len(ids) - len(set(ids)),
-        "same_text": run.text == whole,
-        "chars": len(run.text),
-        "chars_lost": max(0, len(whole) - len(run.text)) if whole.startswith(run.text) else None,
+        "same_text": run.text == whole if whole is not None else None,
         "gap_s": run.gap(),
+        "retry_s": after.sent - (broken[0].sent + (broken[0].end or 0.0)) if after is not None else None,
         "tokens_generated": tokens_generated,
         "served_by": [t.headers.get("x-served-by") for t in run.traces if t.status == 200],
     }
@@ -170,21 +190,25 @@ async def alone_killed(c: Cluster, max_tokens: int, kill_after: int) -> tuple[Ev
 
 
 async def websocket_turns(c: Cluster) -> list[dict]:
-    """A conversation's second turn on a new WebSocket: through nginx (round-robin), and on the first's replica."""
+    """A conversation's second turn on a new WebSocket: through nginx, on the first turn's replica, and through
+    nginx to replicas that share one store."""
     rows = []
-    for label, second_port in (("through nginx", c.balancer.port), ("same replica (sticky)", None)):
-        first = await websocket(c.balancer.port, "Hello! My name is Ada.", 8)
+    for label, nginx, sticky in (("a store each, through nginx", c.balancer, False),
+                                 ("a store each, same replica (sticky)", c.balancer, True),
+                                 ("one shared store, through nginx", c.balancer_alone, False)):
+        seen = len(_ws_upstreams(nginx))
+        first = await websocket(nginx.port, "Hello! My name is Ada.", 8)
         conversation = _conversation_id(first)
-        first_upstream = _last_upstreams(c.balancer, 1)[0]
-        port = second_port or int(first_upstream.rsplit(":", 1)[1])
+        first_upstream = _ws_upstreams(nginx, seen + 1)[-1]
+        port = int(first_upstream.rsplit(":", 1)[1]) if sticky else nginx.port
         second = await websocket(port, "What is my name?", 8, extra={"conversation_id": conversation})
-        second_upstream = _last_upstreams(c.balancer, 1)[0] if second_port else first_upstream
+        second_upstream = first_upstream if sticky else _ws_upstreams(nginx, seen + 2)[-1]
         error = next((e.data for e in second.events if e.kind == "error"), None)
+        message = error.get("error", {}).get("message") if isinstance(error, dict) else error
         rows.append({
             "second turn": label, "first replica": first_upstream, "second replica": second_upstream,
-            "continued": bool(second.complete and error is None),
-            "error": (error or {}).get("error", {}).get("message") if isinstance(error, dict) else error,
-            "close_code": second.close_code,
+            "same replica": first_upstream == second_upstream, "continued": bool(second.complete and error is None),
+            "what the second replica said": message or "the answer, in the same conversation",
         })
     return rows
 
@@ -196,15 +220,13 @@ def _conversation_id(trace: Any) -> str | None:
     return None
 
 
-def _last_upstreams(nginx: NginxProcess, count: int) -> list[str]:
-    """The replicas nginx sent the last ``count`` WebSocket connections to (its access log names them)."""
+def _ws_upstreams(nginx: NginxProcess, at_least: int = 0) -> list[str]:
+    """The replicas nginx sent each WebSocket to, in order (its access log names them once a connection ends)."""
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    while True:
         found = re.findall(r'"GET /ws HTTP/1.1" \d+ .*upstream=(\S+)', nginx.access_log())
-        if found:
-            return found[-count:]
-        time.sleep(0.05)
-    return ["?"] * count
+        if len(found) >= at_least or time.monotonic() > deadline:
+            return found
 
 
 async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:

@@ -5,7 +5,8 @@ in the foreground with every setting on the command line: ``--bind
 127.0.0.1``, ``--save ''`` and ``--appendonly no`` (an experiment's log lives
 in memory only), ``--dir`` a temporary folder of its own. ``run_redis()`` is a
 context manager; an ``atexit`` hook stops any server still running when
-Python exits, so a failed test or an interrupted notebook leaves none behind.
+Python exits, and on Linux the server is told to stop when its parent dies
+(even by SIGKILL), so a failed test or a killed kernel leaves none behind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import atexit
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -72,6 +74,15 @@ def _stop(process: subprocess.Popen) -> None:
     _RUNNING.discard(process)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM it when its parent dies, even by SIGKILL (a killed kernel)."""
+    with suppress(Exception):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @atexit.register
 def _stop_all() -> None:
     for process in list(_RUNNING):
@@ -92,7 +103,8 @@ def run_redis() -> Iterator[RedisProcess]:
                 "--dir", str(folder), "--logfile", str(folder / "redis.log"), "--daemonize", "no",
                 "--protected-mode", "yes"]
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, cwd=folder)
+                                   stderr=subprocess.DEVNULL, cwd=folder,
+                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         _RUNNING.add(process)
         running = RedisProcess(port, folder, process)
         _wait_until_ready(running)

@@ -115,10 +115,14 @@ def start_workers(url: str, count: int, *args: str) -> list[RunningServer]:
     return started
 
 
-def start_replicas(count: int, *, events: str | None = None, grace: float = 30.0) -> list[RunningServer]:
-    """``count`` model-less ``serve`` processes; with ``events`` their ``/generations`` live in that Redis."""
+def start_replicas(count: int, *, events: str | None = None, grace: float = 30.0,
+                   dbs: Sequence[str] | None = None) -> list[RunningServer]:
+    """``count`` model-less ``serve`` processes; with ``events`` their ``/generations`` live in that Redis.
+
+    ``dbs``: each replica's SQLite file (the same path twice: two replicas sharing one store, as on one machine).
+    """
     extra = ["--scripted-rate", str(REPLICA_RATE), "--grace", str(grace), *(["--events", events] if events else [])]
-    started = start_servers({f"replica-{i + 1}": extra for i in range(count)})
+    started = start_servers({f"replica-{i + 1}": [*extra, *(["--db", dbs[i]] if dbs else [])] for i in range(count)})
     return [started[f"replica-{i + 1}"] for i in range(count)]
 
 

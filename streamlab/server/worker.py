@@ -21,8 +21,9 @@ With every piece it appends, the worker reads the generation's hash in the
 same round trip: a cancel (``POST /generations/{id}/cancel`` on any replica)
 or the last reader gone for ``--grace`` stops the model before its next
 token. The token count at the moment of the signal (the signal's time by
-Redis's clock, against each piece's entry id) goes into the end event, so
-what ran on after it is counted as chapter 5 counts it.
+Redis's clock, against each token's time, Redis's clock read with every
+round trip) goes into the end event, so what ran on after it is counted as
+chapter 5 counts it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from streamlab.model.generation import ERROR
@@ -146,7 +148,7 @@ class Worker:
             return
         generation = self.source.generation(req, prompt_ids, messages, self.config, lambda tokens: None)
         generation.start()
-        marks: list[tuple[int, int]] = [(0, 0)]  # (entry ms, tokens so far) for every piece appended
+        clock = 0.0
         stop_signal, signal_ms, lost = None, 0, False
         silence = Silence(LOOK_INTERVAL)
         loop = asyncio.get_running_loop()
@@ -156,9 +158,8 @@ class Worker:
             async for piece in pieces:
                 heartbeat = loop.time() - beat >= HEARTBEAT
                 beat = loop.time() if heartbeat else beat
-                appended, state, now = await self.step(entry_id, generation_id, piece, generation.tokens, heartbeat)
-                if appended is not None:
-                    marks.append((appended, piece.tokens))
+                _, state, now = await self.step(entry_id, generation_id, piece, generation.tokens, heartbeat)
+                clock = now - time.perf_counter() * 1000  # Redis's clock minus ours, in ms (off by one round trip)
                 status, owner, cancel, cancel_ms, readers, orphaned, grace = state
                 if status == "done" or owner != self.name:  # taken over: another worker ended it
                     lost = True
@@ -177,8 +178,8 @@ class Worker:
             return
         stored = stop_reason_for(result.stop_reason, stop_signal)
         ending = self._ending(stored, result.tokens)
-        if stop_signal is not None:
-            ending["tokens_at_stop"] = max(tokens for ms, tokens in marks if ms <= signal_ms)
+        if stop_signal is not None:  # the tokens made by the signal's moment, each token's time on Redis's clock
+            ending["tokens_at_stop"] = sum(1 for t in result.token_times if t * 1000 + clock <= signal_ms)
             ending["stop_signal"] = stop_signal
         if result.stop_reason == ERROR:
             await self.finish(entry_id, generation_id, "error",
