@@ -518,3 +518,30 @@ def test_ex11_slow_reader(tmp_path):
 @pytest.mark.notebook
 def test_ex12_flushing_gzip(tmp_path):
     assert_grading_can_fail("ex12_flushing_gzip", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex12_a_compressor_without_the_flush_holds_the_stream(tmp_path):
+    """Valid gzip that compresses well, and yet the reader gets the answer in one read: the checks say which."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(
+        "import zlib\n"
+        "class FlushingGzip:\n"
+        "    def __init__(self):\n"
+        "        self.z = zlib.compressobj(6, zlib.DEFLATED, 31)\n"
+        "    def feed(self, data):\n"
+        "        return self.z.compress(data)\n"
+        "    def finish(self):\n"
+        "        return self.z.flush()\n",
+        encoding="utf-8",
+    )
+    result = grade_notebook(notebook("ex12_flushing_gzip"), solution=wrong, out_dir=tmp_path)
+    outcome = {c["name"]: c for c in result["checks"]}
+    for name in ("the whole body is one valid gzip stream", "two responses at once do not mix",
+                 "it still compresses: under 60% of what went in",
+                 "the reader gets the whole answer through your compressor", "the body is gzip on the wire"):
+        assert outcome[name]["passed"], name
+    for name in ("each event is readable right after its feed", "your compressor lets the stream flow"):
+        assert not outcome[name]["passed"], name
+    assert outcome["each event is readable right after its feed"]["message"].endswith("got 0 of 50")
+    assert outcome["your compressor lets the stream flow"]["message"].endswith("got 1 read")
