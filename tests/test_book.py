@@ -280,10 +280,16 @@ def test_every_exercise_in_the_readme_table_names_real_chapters():
 
 
 def test_the_real_chapters_links_resolve_in_the_book(tmp_path):
-    """The committed chapters, as if executed (they hold no outputs): their own links must work in the book."""
+    """The committed chapters' text, as if executed: their own links must work in the book.
+
+    Only the markdown cells are kept: the committed code cells hold no outputs, and their source is shown
+    as escaped text, never as a link, so dropping them checks the same links in a fifth of the time.
+    """
     (tmp_path / "notebooks").mkdir()
-    for nb in chapters():
-        (tmp_path / "notebooks" / nb.name).write_bytes(nb.read_bytes())
+    for path in chapters():
+        nb = nbformat.read(path, as_version=4)
+        nb.cells = [c for c in nb.cells if c.cell_type == "markdown"]
+        nbformat.write(nb, tmp_path / "notebooks" / path.name)
     index = build_book(tmp_path, source=NOTEBOOKS)
     assert not broken_links(index.parent)
     assert len(list(index.parent.glob("[0-9][0-9]_*.html"))) == len(chapters())
