@@ -85,7 +85,7 @@ def test_wording_picks_words_from_numbers():
     assert with_article("8-token answer") == "an 8-token answer"
     assert of_all(8, 8, "size") == "all 8 sizes" and of_all(0, 8, "size") == "none of the 8 sizes"
     assert of_all(7, 8, "size") == "7 of 8 sizes (88%)" and of_all(1, 1, "size") == "the one size"
-    assert of_all(2, 2, "reader") == "both readers"
+    assert of_all(2, 2, "reader") == "both readers" and of_all(0, 1, "size") == "no size"
     assert [share_word(s) for s in (1.0, 0.88, 0.5, 0.2, 0.05, 0.0)] == ["every", "most", "about half", "some", "few",
                                                                         "no"]
     assert either(True, "the same text", "a different text") == "the same text"

@@ -120,10 +120,10 @@ def share_word(share: float) -> str:
 def of_all(part: int, whole: int, noun: str, many: str | None = None) -> str:
     """How many of a whole, worded by the count: 'all 8 sizes', 'none of the 8 sizes', '7 of 8 sizes (88%)'.
 
-    One of one is 'the one size'; the share is written only when it is not all or none.
+    One of one is 'the one size', none of one 'no size'; the share is written only when it is not all or none.
     """
     if whole == 1:
-        return f"the one {noun}" if part == 1 else f"not the one {noun}"
+        return f"the one {noun}" if part == 1 else f"no {noun}"
     if part == whole:
         return f"all {whole} {count(whole, noun, many)}" if whole != 2 else f"both {count(2, noun, many)}"
     if part == 0:
