@@ -1,0 +1,95 @@
+"""The shared log against the real redis-server: replicas in this process, a worker process with the real model.
+
+tests/test_shared_log.py covers the behaviour over fakeredis in milliseconds; this checks the same
+commands against Debian's redis-server (the stream ids, XREADGROUP, XAUTOCLAIM and the clock the
+worker's counts rely on), with a worker that is a real process killed with SIGKILL, and runs the
+shared-log benchmark at its tiny size. Skipped where redis-server is not installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fakes import FakeLM
+from inprocess import serving
+
+from streamlab.book import bench
+from streamlab.client import timed
+from streamlab.client.tracing import last_id
+from streamlab.lab.redis_server import find_redis, run_redis
+from streamlab.lab.replicas import start_worker, worker_in_process
+
+pytestmark = [pytest.mark.skipif(find_redis() is None and not os.environ.get("CI"), reason="no redis-server here")]
+
+
+def run(coroutine: object) -> object:
+    return asyncio.run(coroutine)  # type: ignore[arg-type]
+
+
+def until_done(port: int, generation_id: str, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = run(timed.get_json(port, f"/generations/{generation_id}"))
+        if state["status"] == "done":
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"{generation_id} did not end in {timeout} s")
+
+
+@pytest.mark.model
+def test_a_worker_process_killed_mid_answer_is_taken_over_and_a_reader_moves_replicas() -> None:
+    with run_redis() as redis, serving(events=redis.url) as a, serving(events=redis.url) as b:
+        worker = start_worker(redis.url, "--name", "real", "--claim-idle", "0.5")
+        try:
+            body = {"prompt": "Count slowly from one to fifty.", "max_tokens": 60, "ignore_eos": True, "seed": 3}
+            created = run(timed.create_generation(a.port, body))
+            first = run(timed.events(a.port, created["events"], stop_after=6))
+            assert re.fullmatch(r"[0-9]+-[0-9]+", last_id(first) or "")
+            assert first.headers.get("x-served-by") == a.url
+            os.kill(worker.process.pid, signal.SIGKILL)
+            worker.process.wait(10)
+            with worker_in_process(FakeLM("unused"), redis.url, name="heir", claim_idle=0.5) as heir:
+                rest = run(timed.events(b.port, created["events"], last_event_id=last_id(first)))
+                state = until_done(b.port, created["id"])
+            assert heir.worker.done == [created["id"]]
+        finally:
+            worker.stop()
+        end = next(e.data for e in rest.events if e.kind == "end")
+        assert end["stop_reason"] == "interrupted" and end["interrupted_worker"] == "real" and end["worker"] == "heir"
+        got = "".join(e.text for e in [*first.text_events, *rest.text_events])
+        assert got == state["text"] and 6 <= end["tokens"] < 60  # what the killed worker wrote, none of it twice
+        ids = [e.id for e in [*first.text_events, *rest.text_events]]
+        assert len(ids) == len(set(ids))
+
+
+def test_a_cancel_on_one_replica_stops_a_worker_elsewhere_within_two_tokens_on_real_redis() -> None:
+    script = "Every piece goes through Redis on its way to the reader. " * 6
+    with run_redis() as redis, serving(events=redis.url) as a, serving(events=redis.url) as b, \
+            worker_in_process(FakeLM(script, decode_seconds=0.02), redis.url) as w:
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 300, "ignore_eos": True}))
+        first = run(timed.events(a.port, created["events"], stop_after=10))
+        assert run(timed.cancel_generation(b.port, created["id"]))["status"] == "done"
+        rest = run(timed.events(a.port, created["events"], last_event_id=last_id(first)))
+        end = next(e.data for e in rest.events if e.kind == "end")
+        assert end["stop_reason"] == "stopped" and end["worker"] == w.name
+        assert end["tokens"] - end["tokens_at_stop"] <= 2, end
+        assert 10 <= end["tokens_at_stop"] < 300
+
+
+def test_the_shared_log_benchmark_runs_at_its_tiny_size(tmp_path) -> None:
+    done = subprocess.run([sys.executable, str(bench.SCRIPTS / "shared_log.py"), "--tiny"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "STREAMLAB_BENCH_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads((tmp_path / "shared_log.json").read_text())
+    figures = {m["key"]: m["value"] for m in saved["measures"]}
+    assert 2.0 <= figures["round_trips_per_event"] < 2.3  # the worker's one, and the reader's XREAD
+    assert figures["cpu_redis_over_memory"] > 1 and len(saved["tables"]["rounds"]) == 2
