@@ -140,3 +140,13 @@ def test_a_clean_chapter_passes_and_a_cell_whose_lesson_is_the_error_may_write_s
                    headline="01 the chapter: 3 pieces")
     error = {"output_type": "stream", "name": "stderr", "text": "streamlab serve: --port 99999 is not a port\n"}
     check_executed(notebook(tmp_path, [error], tags=["shows-stderr"]))
+
+
+def test_run_notebooks_says_what_the_proofreader_found_in_one_line(tmp_path):
+    from streamlab.book.notebooks import proofread
+
+    headline = {"output_type": "stream", "name": "stdout", "text": "01 the chapter: 3 pieces\n"}
+    assert proofread(notebook(tmp_path, [markdown("The answer came in 3 pieces."), headline]),
+                     "01 the chapter: 3 pieces") == ""
+    said = proofread(notebook(tmp_path, [markdown("It came in 1 pieces."), headline]), "01 the chapter: 3 pieces")
+    assert said.startswith("proofread: 1 problem, the first: cell 0: number agreement: '1 pieces'") and "\n" not in said

@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             break
         seconds[nb.stem] = time.perf_counter() - started
         print(f"    done in {seconds[nb.stem]:.0f} s -> {executed}", flush=True)
+        said = proofread(executed, figures["headline"])
+        if said:
+            print(f"    {said}", flush=True)
         headlines.append(figures["headline"])
     print("\nstreamlab headlines")
     for line in headlines:
@@ -206,6 +209,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamlab run-notebooks: {error}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def proofread(executed: Path, headline: str) -> str:
+    """One line naming what ``streamlab.book.proofread`` found in an executed chapter (its first problem), or ''."""
+    from streamlab.book.proofread import notebook_problems
+    from streamlab.book.wording import plural
+
+    problems = notebook_problems(executed, headline=headline)
+    if not problems:
+        return ""
+    return (f"proofread: {plural(len(problems), 'problem')}, the first: {problems[0][:160]} "
+            f"(all of them: python -m streamlab.book.proofread {executed})")
 
 
 def timing_table(seconds: dict[str, float]) -> str:
