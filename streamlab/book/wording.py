@@ -4,12 +4,13 @@ A chapter's sentences are written before its numbers are known, so the words
 must follow the values rather than the writer's expectation:
 
     plural(1, "size")                 '1 size'          plural(3, "size") -> '3 sizes'
-    a_an("8-token answer")            'an 8-token answer'
+    count(n, "remains", "remain")     the verb that agrees with n (count(2, "was") -> 'were')
+    with_article("8-token answer")    'an 8-token answer' (a_an gives the article alone)
     of_all(7, 8, "size")              '7 of 8 sizes (88%)'   of_all(8, 8, "size") -> 'all 8 sizes'
     share_word(0.88)                  'most'  (never 'every' below 100%)
     either(equal, "is the same text", "differs")   words for a yes/no, never 'True'
     listing(["eof", "close frame"])   'eof and close frame': a list as a sentence says it, never ['eof', ...]
-    spread([0.21, 0.24, 0.22], unit=" s")           '0.21-0.24 s over 3 rounds'
+    spread([0.21, 0.24, 0.22], unit=" s")           '0.21–0.24 s over 3 rounds'
 
 ``streamlab.book.proofread`` checks the rendered chapters for the mistakes
 these prevent.
