@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from streamlab.client.timed import (
+    _get_head,
     cancel_generation,
     create_generation,
     post,
@@ -38,7 +39,6 @@ from streamlab.client.timed import (
 from streamlab.client.tracing import ResponseRecorder, Trace
 from streamlab.client.wire import _close, _connect, _recv
 from streamlab.hops.nginx import run_nginx
-from streamlab.lab.wire_shown import events_request
 from streamlab.net.aio import run_sync
 
 __all__ = [
@@ -196,7 +196,7 @@ async def _sse_cancel(port: int, body: dict[str, Any], stop_after: int, *, timeo
     at_stop = replied = None
     try:
         trace.sent = time.perf_counter()
-        writer.write(events_request(port, created["events"]))
+        writer.write(_get_head(created["events"], "127.0.0.1", port, None))
         await writer.drain()
         while not reading.done:
             data = await _recv(reader, 65536, trace.sent + timeout)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from streamlab.client.timed import create_generation
+from streamlab.client.timed import _get_head, create_generation
 from streamlab.client.wire import _close, _connect, _host_header, _recv
 from streamlab.net.aio import run_sync
 from streamlab.protocol import sse
@@ -192,15 +192,6 @@ def line_kinds(data: bytes) -> list[str]:
     return kinds
 
 
-def events_request(port: int, path: str, host: str = "127.0.0.1", last_event_id: str | None = None) -> bytes:
-    """The request a browser's ``EventSource`` writes for ``path`` (a reconnect adds ``Last-Event-ID``)."""
-    lines = [f"GET {path} HTTP/1.1", f"Host: {_host_header(host, port)}", "Accept: text/event-stream",
-             "Cache-Control: no-cache"]
-    if last_event_id is not None:
-        lines.append(f"Last-Event-ID: {last_event_id}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
 async def _read_to_eof(
     port: int, request: bytes, *, host: str, timeout: float, on_read: Callable[[Read], None] | None
 ) -> list[Read]:
@@ -238,7 +229,7 @@ async def sse_wire(
     with each read as it arrives (the chapter prints it there and then).
     """
     created = await create_generation(port, body, host=host, timeout=timeout)
-    request = events_request(port, created["events"], host)
+    request = _get_head(created["events"], host, port, None)  # what an EventSource writes, plus Connection: close
     reads = await _read_to_eof(port, request, host=host, timeout=timeout, on_read=on_read)
     return SSEWire.from_reads(request, reads)
 
