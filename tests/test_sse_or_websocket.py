@@ -65,3 +65,19 @@ def test_stop_rounds_count_what_each_way_made_after_the_stop(apps):
     assert ws_row["stop to last piece, min (s)"] <= ws_row["stop to last piece, median (s)"] \
         <= ws_row["stop to last piece, max (s)"]
     assert "stop to cancel reply, median (s)" in summary["event stream + cancel request"]
+
+
+def test_what_each_browser_reader_sends():
+    """EventSource and WebSocket cannot carry the page's Authorization header; fetch can; all three send the cookie."""
+    from streamlab.lab import browser_readers, headless
+
+    reason = headless.unavailable_reason()
+    if reason:
+        pytest.skip(f"no headless browser: {reason}")
+    with headless.chromium() as driver:
+        rows = {row["reader"]: row for row in browser_readers.reader_rows(driver)}
+    assert rows["EventSource"]["request"] == "GET /events" and rows["EventSource"]["Authorization sent"] is False
+    assert rows["fetch"]["request"] == "POST /fetch" and rows["fetch"]["Authorization sent"] is True
+    assert rows["WebSocket"]["request"] == "GET /ws" and rows["WebSocket"]["Authorization sent"] is False
+    assert all(row["cookie sent"] for row in rows.values())
+    assert rows["WebSocket"]["Origin sent"] is True  # the one check a server can make (chapter 9)

@@ -14,6 +14,7 @@
     rivals.py        the same scripted source served by uvicorn + Starlette, sse-starlette, websockets
     backpressure.py  a 1 KB/s reader under each backpressure policy
     sse_or_websocket.py  chapter 6: nginx's defaults against each, a drop, a stop mid-answer
+    browser_readers.py   what EventSource, fetch and WebSocket send from a page (headers, cookies, Origin)
     between.py       chapter 12's nginx settings, the reader's verdict on a trace, the two designs' bills
     replicas.py      chapter 13: replicas behind nginx, workers (in process or as processes), one shared log
     redis_server.py  a private redis-server on a free loopback port, its own folder, stopped by itself
