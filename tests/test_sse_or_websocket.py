@@ -34,7 +34,7 @@ def test_after_a_drop_the_event_stream_resumes_and_the_websocket_starts_over(app
     assert sse["pieces read in all"] == 12 and sse["complete"] is True
     assert wsock["connections"] == 2 and wsock["complete"] is True
     assert wsock["text the reader put together"] != wsock["whole answer"]  # the first pieces came twice
-    assert 12 + 4 <= wsock["tokens generated in all"] <= 12 + 6
+    assert 12 + 4 <= wsock["tokens generated in all"] < 2 * 12  # the lost answer's pieces, then a whole one
 
 
 def test_websocket_reconnect_gives_up_after_its_retries(app):
@@ -53,7 +53,7 @@ def test_stop_rounds_count_what_each_way_made_after_the_stop(apps):
                        "/stream, close the connection": "eof"}
     for row in rows:
         assert row["stop reason"] == "stopped"
-        assert 0 <= row["tokens generated after the stop"] <= 3  # far below the 35 left to make
+        assert 0 <= row["tokens generated after the stop"] <= 5  # far below the 35 left to make
         assert row["stop to last piece (s)"] >= 0
     cancel = [row for row in rows if row["way"] == "event stream + cancel request"]
     assert all(row["stop to cancel reply (s)"] is not None for row in cancel)

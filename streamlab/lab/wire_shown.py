@@ -137,7 +137,7 @@ class SSEWire:
         chunks, leftover = split_chunks(body) if head is not None and head.header("transfer-encoding") else ([], body)
         ends, at = [], 0
         for chunk in chunks:
-            at += len(chunk.wire) if chunk.size else len(chunk.size_line) + 2
+            at += len(chunk.wire)
             ends.append(at)
         times = _arrival_times(reads, len(head_bytes), ends)
         return cls(request, reads, head, head_bytes, chunks, times, leftover)
