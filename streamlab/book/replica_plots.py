@@ -17,9 +17,13 @@ __all__ = ["received_through_a_kill"]
 
 
 def received_through_a_kill(readers: Mapping[str, Sequence[tuple[float, int, int]]], *, killed_at: Mapping[str, float],
-                            answer_events: int | None = None, ax: Any = None,
+                            answer_events: int | None = None, notes: Mapping[str, str] | None = None,
+                            ax: Any = None,
                             title: str = "Text events received, with the server under the reader killed") -> Any:
-    """``readers``: label -> ``(seconds, events so far, connection)`` rows (``EventSourceRun.timeline()``)."""
+    """``readers``: label -> ``(seconds, events so far, connection)`` rows (``EventSourceRun.timeline()``).
+
+    ``notes``: label -> what became of that reader, written where its line ends.
+    """
     ax = _axes(ax, 3.8)
     for i, (label, rows) in enumerate(readers.items()):
         color = color_of(label, i)
@@ -33,6 +37,9 @@ def received_through_a_kill(readers: Mapping[str, Sequence[tuple[float, int, int
                         xytext=(6, -12), textcoords="offset points")
         if label in killed_at:
             ax.axvline(killed_at[label], **{**THRESHOLD_STYLE, "color": color, "alpha": 0.6})
+        if notes and label in notes and rows:
+            ax.annotate(notes[label], (rows[-1][0], rows[-1][1]), fontsize=8, color=color, xytext=(6, 4),
+                        textcoords="offset points")
     if answer_events is not None:
         ax.axhline(answer_events, color="grey", linewidth=0.8, alpha=0.6)
         ax.annotate(f"the whole answer: {answer_events} events", (0, answer_events), fontsize=8, color="grey",
