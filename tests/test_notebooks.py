@@ -355,6 +355,10 @@ def test_11_serving_many_readers(tmp_path):
     assert f["cpu_ratio_vs_starlette"] > 0
     load = {(r["engine"], r["readers"]): r for r in f["load_table"]}
     assert set(load) == {("threads", 1), ("threads", 2), ("batched", 1), ("batched", 2)}
+    # the prose's figures: one first-token difference per round (said with their spread), the top crowd's time per token
+    quick = QUICK["11_serving_many_readers"]
+    assert len(f["ttft_extras_ms"]) == quick["overhead_rounds"]
+    assert f["batched_tpot_s"] * 1e3 == pytest.approx(load[("batched", max(quick["load_concurrency"]))]["TPOT p50 (ms)"])
     assert all(r["complete"] == f"{n}/{n}" for (_, n), r in load.items())
     policies = {r["policy"]: r for r in f["backpressure_table"]}
     assert set(policies) == {"unbounded", "bounded", "bounded_timeout"}
