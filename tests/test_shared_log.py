@@ -185,3 +185,21 @@ def test_worker_help_names_its_flags(capsys: pytest.CaptureFixture) -> None:
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert all(flag in out for flag in ("--redis URL", "--claim-idle S", "--model MODEL"))
+
+
+def test_the_kill_chart_can_be_read_at_the_notebooks_width() -> None:
+    from test_plots import drawn, outside, overlaps
+
+    from streamlab.book import plots
+    from streamlab.book.replica_plots import received_through_a_kill
+
+    resumed = [(0.1 * i, i, 0) for i in range(1, 13)] + [(2.4 + 0.05 * i, 12 + i, 1) for i in range(1, 29)]
+    lost = [(0.03 * i, i, 0) for i in range(1, 13)]
+    fig = drawn(lambda: received_through_a_kill({"shared log": resumed, "in memory": lost},
+                                                killed_at={"shared log": 1.25, "in memory": 0.37}, answer_events=40,
+                                                notes={"in memory": "then 404: the rest lost"}))
+    ax = fig.axes[0]
+    assert fig.get_figwidth() <= plots.NOTEBOOK_WIDTH + 1e-9 and overlaps(fig) == [] and outside(fig) == []
+    notes = [t.get_text() for t in ax.texts]
+    assert "reconnected: +1.20 s" in notes and "then 404: the rest lost" in notes
+    assert len(ax.get_lines()) >= 4 and ax.get_xlabel() and ax.get_ylabel()  # two readers, two kills, the answer
