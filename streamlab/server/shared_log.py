@@ -248,8 +248,10 @@ class SharedRegistry:
         meta = await self._meta(generation_id)
         entries = await self.redis.xrange(events_key(generation_id))
         decoded = [decode_entry(fields) for _, fields in entries]
+        ends = [i for i, (name, _, _) in enumerate(decoded) if name in ENDINGS]
+        decoded = decoded[: ends[0] + 1] if ends else decoded  # a worker taken over may append once more: not read
         text = "".join(data["text"] for name, data, _ in decoded if name == "message")
-        ending = next((data for name, data, _ in decoded if name in ENDINGS), None)
+        ending = decoded[-1][1] if ends else None
         stored = ending.get("stop_reason") if ending else None
         return {
             "id": generation_id, "conversation_id": None, "message_id": None, "status": meta["status"],
