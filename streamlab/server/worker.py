@@ -147,6 +147,9 @@ class Worker:
                                                                  **self._ending("error", 0)})
             return
         generation = self.source.generation(req, prompt_ids, messages, self.config, lambda tokens: None)
+        # At most one piece ahead of this loop: a busy loop must not let the model run on past a cancel
+        # it has not read yet (the loop's work per piece is one round trip, next to a token's forward pass).
+        generation.set_backpressure(1, None)
         generation.start()
         clock = 0.0
         stop_signal, signal_ms, lost = None, 0, False
