@@ -60,15 +60,22 @@ class EventSourceRun:
 
 
 async def event_source(port: int, path: str, *, host: str = "127.0.0.1", retry: float = RETRY,
-                       max_connections: int = 8, timeout: float = 60.0) -> EventSourceRun:
-    """Read ``path`` as an ``EventSource`` until a 204, a failure, or ``max_connections`` connections."""
-    run = EventSourceRun(path)
+                       max_connections: int = 8, timeout: float = 60.0, first_port: int | None = None,
+                       run: EventSourceRun | None = None) -> EventSourceRun:
+    """Read ``path`` as an ``EventSource`` until a 204, a failure, or ``max_connections`` connections.
+
+    ``first_port``: the first connection goes there, the reconnects to
+    ``port`` (a session stuck to one server until it is gone). ``run``: a
+    run of the caller's, filled as the events come (to watch it meanwhile).
+    """
+    run = run if run is not None else EventSourceRun(path)
     last: str | None = None
     while len(run.traces) < max_connections:
         trace = Trace(way="events")
         run.traces.append(trace)
+        target = first_port if first_port is not None and len(run.traces) == 1 else port
         try:
-            await events(port, path, last_event_id=last, timeout=timeout, host=host, trace=trace)
+            await events(target, path, last_event_id=last, timeout=timeout, host=host, trace=trace)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as err:
             trace.error = repr(err)
         last = last_id(trace) or last
