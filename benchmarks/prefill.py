@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from streamlab.book.bench import Report
+from streamlab.lab.measures import load_note
 from streamlab.model.generation import PREFILL_CHUNK, Generation
 from streamlab.model.loading import FairLock, load_model
 
@@ -126,7 +127,7 @@ async def main(args: argparse.Namespace) -> Report:
                                        "contention": args.contention, "model": lm.name})
     print(
         f"model {lm.name} on {lm.device} ({torch.get_num_threads()} torch threads); PREFILL_CHUNK = {PREFILL_CHUNK}; "
-        f"load average {os.getloadavg()[0]:.1f} (above the core count: other programs are competing)"
+        f"{load_note()}"
     )
     await alone(lm, short_ids, 0)  # warm up: first calls pay for allocations
 

@@ -37,6 +37,16 @@ def test_lines_round_trip_with_targets_and_verdicts(tmp_path, capsys):
     assert "tokens_per_s" in table and "≥ 0.95" in table and "missed by 11.5 ms" in table
 
 
+def test_a_median_whose_rounds_lie_on_both_sides_of_its_target_is_within_noise(capsys):
+    report = Report("demo")
+    report.ratio("speedup", 1.60, target=1.6, op="≥", spread=(1.54, 1.79))
+    report.ratio("clear", 1.70, target=1.6, op="≥", spread=(1.65, 1.79))
+    report.ratio("short", 1.50, target=1.6, op="≥", spread=(1.45, 1.58))
+    lines = [parse_line(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["verdict"] for p in lines] == ["within noise: rounds 1.54-1.79", "met", "missed by 0.1"]
+    assert report.measures[0].met and report.measures[0].straddles, "the median is on the target's side"
+
+
 def test_a_line_that_is_not_a_figure_is_not_parsed():
     assert parse_line("==> benchmarks/load.py") is None
     assert parse_line("prefill: saved build/bench/prefill.json") is None

@@ -33,7 +33,8 @@ def summary(reports: Sequence[dict[str, Any]]) -> str:
         for m in report["measures"]:
             if m.get("target") is None:
                 continue
-            measure = Measure(m["key"], m["value"], m.get("unit", ""), m["target"], m.get("op", "≤"))
+            spread = tuple(m["spread"]) if m.get("spread") else None
+            measure = Measure(m["key"], m["value"], m.get("unit", ""), m["target"], m.get("op", "≤"), spread=spread)
             rows.append({
                 "benchmark": report["name"],
                 "figure": m["key"],

@@ -33,12 +33,19 @@ from streamlab.lab.records import BUILD
 
 # Where reports go; the test suite points this elsewhere so a tiny run never replaces a real one.
 BENCH_DIR = Path(os.environ.get("STREAMLAB_BENCH_DIR") or BUILD / "bench")
-LINE = re.compile(r"^(?P<bench>[\w.-]+): (?P<key>[\w.-]+) = (?P<value>\S+)(?: (?P<unit>[^()]+?))?(?:\s+\(target (?P<op>[≤≥]) (?P<target>\S+): (?P<verdict>met|missed[^)]*)\))?$")
+LINE = re.compile(r"^(?P<bench>[\w.-]+): (?P<key>[\w.-]+) = (?P<value>\S+)(?: (?P<unit>[^()]+?))?(?:\s+\(target (?P<op>[≤≥]) (?P<target>\S+): (?P<verdict>met|missed[^)]*|within noise[^)]*)\))?$")
 
 
 def machine() -> str:
     """The machine in a few words, for the record (the figures mean little without it)."""
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def load_note() -> str:
+    """The machine's load average now, and whether other programs compete for its cores (a benchmark's first line)."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    busy = f" (above the {cores} cores: other programs are competing)" if load > cores else ""
+    return f"load average {load:.1f}{busy}"
 
 
 def _fmt(value: float) -> str:
@@ -66,6 +73,9 @@ class Measure:
     target: float | None = None
     op: str = "≤"  # ≤: lower is better; ≥: higher is better
     note: str = ""
+    # The lowest and highest of the rounds the value is the median of: where they lie on both sides of the
+    # target, the verdict is "within noise" whichever side the median fell on.
+    spread: tuple[float, float] | None = None
 
     @property
     def met(self) -> bool | None:
@@ -73,9 +83,16 @@ class Measure:
             return None
         return self.value <= self.target if self.op == "≤" else self.value >= self.target
 
+    @property
+    def straddles(self) -> bool:
+        return self.target is not None and self.spread is not None and min(self.spread) < self.target < max(self.spread)
+
     def verdict(self) -> str:
         if self.met is None:
             return ""
+        if self.straddles:
+            low, high = sorted(self.spread or ())
+            return f"within noise: rounds {_fmt(low)}-{_fmt(high)}"
         if self.met:
             return "met"
         return f"missed by {_fmt(abs(self.value - self.target))}{(' ' + self.unit) if self.unit and self.unit != 'x' else ''}"
@@ -91,7 +108,8 @@ class Measure:
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "value": self.value, "unit": self.unit, "target": self.target,
-                "op": self.op, "met": self.met, "note": self.note}
+                "op": self.op, "met": self.met, "note": self.note, "spread": self.spread,
+                "verdict": self.verdict()}
 
 
 @dataclass
@@ -117,9 +135,10 @@ class Report:
         """A measured figure (with its unit), optionally against a target."""
         return self._add(Measure(key, float(value), unit, target, op, note))
 
-    def ratio(self, key: str, value: float, *, target: float | None = None, op: str = "≤", note: str = "") -> Measure:
-        """A ratio of two figures measured side by side in this run (printed as 1.23x)."""
-        return self._add(Measure(key, float(value), "x", target, op, note))
+    def ratio(self, key: str, value: float, *, target: float | None = None, op: str = "≤", note: str = "",
+              spread: tuple[float, float] | None = None) -> Measure:
+        """A ratio of two figures measured side by side in this run (printed as 1.23x); ``spread``: its rounds' range."""
+        return self._add(Measure(key, float(value), "x", target, op, note, spread))
 
     def table(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
         """Rows of a table (printed aligned, kept in the JSON)."""
