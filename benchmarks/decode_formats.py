@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from streamlab.book.bench import Report
+from streamlab.lab.measures import load_note
 from streamlab.lab.records import load_prompts
 from streamlab.model.loading import load_model
 from streamlab.model.perplexity import encode_pairs, perplexity
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> Report:
     names = [get_format(n).name for n in args.formats.split(",")]
     if "float32" not in names:
         names.insert(0, "float32")  # every ratio is to float32
-    lm = load_model()
+    lm = load_model(precision="float32")  # every format is made from the float32 weights
     tok = lm.tokenizer
     items = load_prompts()
     report = Report("decode_formats", params={
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> Report:
         "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 2),
     })
     print(f"model {lm.name}, torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"load average {os.getloadavg()[0]:.1f} (above the core count: other programs are competing)", flush=True)
+          f"{load_note()}", flush=True)
     runners = {name: make_runner(lm.model, name) for name in names}
 
     # First calls pay for allocations and kernel set-up: a prompt of another length, a few steps, untimed.
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> Report:
         slowdown = spread([run["first"] / b["first"] for run, b in zip(runs[name], base)])
         change = (ppl[name].value / ppl["float32"].value - 1) * 100
         same = statistics.median(agreement(run["made"], b["made"]) for run, b in zip(runs[name], base))
-        summary[name] = {"speedup": speedup[0], "first_slowdown": slowdown[0], "ppl_change": change}
+        summary[name] = {"speedup": speedup[0], "first_slowdown": slowdown[0], "ppl_change": change,
+                         "speedup_range": (speedup[1], speedup[2])}
         rows.append({
             "format": name, "prefill": fmt.prefill, "decode": fmt.decode,
             "MB read a token": weight_bytes(runners[name]) / 1e6,
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> Report:
     report.data["runs"] = {name: [{k: v for k, v in run.items() if k != "made"} for run in runs[name]] for name in names}
     print(f"decode_formats: the rule picks {chosen}", flush=True)
     report.ratio("default_decode_speedup", summary[chosen]["speedup"], target=GOAL_SPEEDUP, op="≥",
-                 note=f"the rule's pick, {chosen}")
+                 note=f"the rule's pick, {chosen}", spread=summary[chosen]["speedup_range"])
     fastest = max(summary, key=lambda name: summary[name]["speedup"])
     report.ratio("fastest_decode_speedup", summary[fastest]["speedup"], note=f"{fastest}, whatever its first token")
     report.save()

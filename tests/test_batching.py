@@ -34,9 +34,17 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def lm():
+    """The model in float32: the engine's padding, masks and positions are checked by exact answers.
+
+    In the default decode format (split-int4) each matrix product casts its
+    input to bfloat16, which turns float32's round-off between a padded batch
+    and a lone row into another token now and then at a near-tie: the
+    bookkeeping under test is the same, but "the same text" would no longer
+    say that it is right.
+    """
     from streamlab import load_model
 
-    return load_model()
+    return load_model(precision="float32")
 
 
 @pytest.fixture

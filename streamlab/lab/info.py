@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", default=None, help="Hugging Face id or folder (default: STREAMLAB_MODEL or embedded)"
     )
+    parser.add_argument("--precision", default=None, metavar="FORMAT",
+                        help="the decode format (default: STREAMLAB_DTYPE, else the measured default; see docs/model.md)")
     parser.add_argument("--tokens", type=int, default=100, help="how many tokens to generate, at least 1 (default: 100 tokens)")
     args = parser.parse_args(argv)
     if args.tokens < 1:
@@ -50,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     import transformers  # noqa: F401 - timed apart: a fixed cost per process, whatever the model
 
     imports = time.perf_counter() - started
-    lm = load_model(args.model)
+    lm = load_model(args.model, precision=args.precision)
     print(f"model:        {lm.name}")
     print(f"loaded from:  {lm.source}")
     print(f"cache folder: {default_cache_dir()}")
-    print(f"device:       {lm.device}, dtype {next(lm.model.parameters()).dtype}")
+    print(f"device:       {lm.device}, decode format {lm.precision} (--precision or STREAMLAB_DTYPE picks another)")
     print(f"imports:      {imports:.2f} s (transformers, once per process)")
     print(f"load time:    {lm.load_seconds:.2f} s (tokenizer + weights{' from the cache' if lm.name == DEFAULT_MODEL else ''})")
 

@@ -37,6 +37,10 @@ from streamlab.lab.measures import Report
 from streamlab.lab.overhead import percentile
 
 ENGINES = ("threads", "batched")
+# Servers measured as they are, not given room: ``default`` is ``serve`` with no flags at all (the
+# batched engine, --max-active and the line past it, the default decode format), ``float32`` the same
+# with the format every other is measured against. Readers past --max-active wait in line, as a user's do.
+AS_SHIPPED = {"default": [], "float32": ["--precision", "float32"]}
 CONCURRENCY = (1, 2, 4, 8, 16)
 TOKENS = 64
 # Different lengths, so that a batch is padded as it is in real use.
@@ -70,6 +74,7 @@ def figures(traces: Sequence[Any], wall: float) -> dict[str, Any]:
     """What one (engine, N) run did to its readers, as one row."""
     ttft = [t.first_text for t in traces if t.first_text is not None]
     tpot, gaps, tokens = [], [], 0
+    refused = sum(1 for t in traces if t.status is not None and t.status >= 400)
     for t in traces:
         times = [e.t for e in t.text_events]
         n = t.tokens or 0
@@ -84,6 +89,8 @@ def figures(traces: Sequence[Any], wall: float) -> dict[str, Any]:
         "ttft_p50_s": statistics.median(ttft) if ttft else float("nan"),
         "ttft_p95_s": percentile(ttft, 95),
         "tpot_p50_s": statistics.median(tpot) if tpot else float("nan"),
+        "tpot_worst_s": max(tpot) if tpot else float("nan"),  # the slowest reader's own time per token
+        "refused": refused,
         "gap_p50_s": percentile(gaps, 50),
         "gap_p99_s": percentile(gaps, 99),
         "gap_max_s": max(gaps) if gaps else float("nan"),
@@ -101,7 +108,9 @@ def room(concurrency: Sequence[int]) -> int:
 
 
 def serve_args(engine: str, concurrency: Sequence[int]) -> list[str]:
-    """How the server process for ``engine`` is started: room for the largest N at once."""
+    """How the server process for ``engine`` is started: room for the largest N at once (shipped ones: as shipped)."""
+    if engine in AS_SHIPPED:
+        return list(AS_SHIPPED[engine])
     n = room(concurrency)
     return ["--engine", engine, "--max-active", str(n), "--max-connections", str(n + 16)]
 
@@ -141,6 +150,8 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
 
         results, n = {}, room(concurrency)
         for engine in engines:
+            if engine in AS_SHIPPED:
+                raise ValueError(f"{engine!r} is a server as shipped: measure it in a process of its own (lm=None)")
             with serve_in_process(lm, engine=engine, max_active=n, max_connections=n + 16) as server:
                 results[engine] = run_engine(engine, server.port, concurrency, tokens, say=say)
     else:
@@ -160,7 +171,8 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
          "TPOT p50 (ms)": r["tpot_p50_s"] * 1e3, "gap p50 (ms)": r["gap_p50_s"] * 1e3,
          "gap p99 (ms)": r["gap_p99_s"] * 1e3, "gap max (ms)": r["gap_max_s"] * 1e3,
          f"gaps > {READING_THRESHOLD:g} s": f"{r['gaps_over_threshold']:.0%}", "tokens/s": r["tokens_per_s"],
-         "complete": f"{r['complete']}/{r['readers']}"}
+         "slowest reader's TPOT (ms)": r["tpot_worst_s"] * 1e3,
+         "complete": f"{r['complete']}/{r['readers']}", "refused": r["refused"]}
         for engine, rows in results.items() for n, r in rows.items()
     ])
     at = 8 if 8 in concurrency else max(concurrency)
@@ -174,8 +186,36 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
     if "threads" in results and "batched" in results:
         ratio = results["batched"][at]["tokens_per_s"] / results["threads"][at]["tokens_per_s"]
         report.ratio(f"batched_vs_threads_tokens_per_s_at_{at}", ratio, target=1.0, op="≥")
+    shipped_figures(report, results, at)
     report.data["rows"] = {engine: {str(n): {k: v for k, v in r.items() if not k.startswith("_")}
                                     for n, r in rows.items()} for engine, rows in results.items()}
     report.data["gaps"] = {engine: {str(n): r["_gaps"] for n, r in rows.items()} for engine, rows in results.items()}
     report.data["ttft"] = {engine: {str(n): r["_ttft"] for n, r in rows.items()} for engine, rows in results.items()}
     return report
+
+
+# What issue 19 holds the default server to, at 8 readers (``at``) against one.
+SCALE_TARGET = 1.5  # total tokens/s at 8 readers against one reader's
+DECODE_TARGET = 1.6  # one reader's tokens/s on the default decode format against float32's
+
+
+def shipped_figures(report: Report, results: dict[str, dict[int, dict[str, Any]]], at: int) -> None:
+    """The default server's targets: none refused, more tokens/s with more readers, every reader under the threshold."""
+    rows = results.get("default")
+    if not rows:
+        return
+    for n, r in rows.items():
+        report.figure(f"default_refused_at_{n}", r["refused"], "readers")
+        report.figure(f"default_complete_at_{n}", r["complete"], "readers")
+    if 1 in rows and at in rows and at != 1:
+        report.ratio(f"default_tokens_per_s_{at}_vs_1", rows[at]["tokens_per_s"] / rows[1]["tokens_per_s"],
+                     target=SCALE_TARGET, op="≥")
+    if at in rows:
+        report.ratio(f"default_slowest_reader_tpot_at_{at}", rows[at]["tpot_worst_s"] / READING_THRESHOLD,
+                     target=1.0, op="≤", note=f"the slowest reader's time per token over the {READING_THRESHOLD:g} s"
+                     " reading threshold")
+    base = results.get("float32")
+    if base and 1 in rows and 1 in base:
+        report.ratio("default_vs_float32_one_reader_tokens_per_s",
+                     rows[1]["tokens_per_s"] / base[1]["tokens_per_s"], target=DECODE_TARGET, op="≥",
+                     note="one reader of /stream, the default decode format against float32, in the same run")

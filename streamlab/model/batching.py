@@ -19,8 +19,10 @@ arithmetic, so a pass over 8 rows costs little more than a pass over one.
    (while the batch is *dense*, no padding and no holes, as a batch of one
    nearly always is, neither: the step is then a bare loop's);
    each row sampled with its generation's own :class:`Sampler` (so an answer
-   is the one its seed gives alone) and handed to ``Generation.accept``,
-   the very move the thread makes for each token.
+   is the one its seed gives alone: exactly in float32; in a narrow decode
+   format, whose products cast their input to bfloat16, up to a near-tie
+   that a batch's round-off tips the other way now and then) and handed to
+   ``Generation.accept``, the very move the thread makes for each token.
 
 The loop moves each generation only through its public lifecycle
 (``begin``, ``prompt_chunks``, ``chunk_read``, ``check``, ``accept``, ``end``:

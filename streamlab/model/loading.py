@@ -237,23 +237,33 @@ def precisions() -> list[str]:
     return [*format_names(), "float16"]
 
 
-def pick_precision(device: Any, name: str | None = None) -> str:
-    """float32 on a CPU, float16 on a GPU, unless ``name`` or ``STREAMLAB_DTYPE`` names another.
+# The CPU default for the embedded model, chosen by benchmarks/decode_formats.py's rule (the fastest
+# decode whose first token is at most 10% slower than float32's and whose perplexity is within 2% of it),
+# measured side by side on this course's 2-core machines: see docs/model.md for the run and its figures.
+# A model the benchmark has not measured (STREAMLAB_MODEL) keeps float32 until someone measures it.
+CPU_DEFAULT = "split-int4"
+
+
+def pick_precision(device: Any, name: str | None = None, *, measured: bool = True) -> str:
+    """The decode format: ``name``, else ``STREAMLAB_DTYPE``, else the default for the device.
 
     The names are the decode formats of :mod:`streamlab.model.precision`
     (``benchmarks/decode_formats.py`` measures them side by side): bfloat16
     halves the bytes each token reads, int8 and int4 quarter and eighth them,
     and the ``split`` formats read the prompt in float32 and decode narrow, so
     the first token, what a streaming reader waits for, is not slowed by the
-    narrow format. float32 stays the default until the measurement has been
-    taken on a quiet machine.
+    narrow format. The default: float16 on a GPU; on a CPU :data:`CPU_DEFAULT`
+    for the model it was measured on (``measured``), float32 for any other.
     """
+    where = f"--precision {name!r}" if name else f"STREAMLAB_DTYPE={os.environ.get('STREAMLAB_DTYPE')!r}"
     name = name or os.environ.get("STREAMLAB_DTYPE")
     if not name:
-        return "float32" if device.type == "cpu" else "float16"
+        if device.type != "cpu":
+            return "float16"
+        return CPU_DEFAULT if measured else "float32"
     valid = precisions()
     if name not in valid:
-        raise ModelError(f"STREAMLAB_DTYPE={name!r} is not a format streamlab knows; valid: {', '.join(valid)}")
+        raise ModelError(f"{where} is not a format streamlab knows; valid: {', '.join(valid)}")
     return name
 
 
@@ -411,7 +421,7 @@ def load_model(
     started = time.perf_counter()
     display, source = resolve_model(name, cache_dir)
     dev = pick_device(device)
-    fmt = pick_precision(dev, precision)
+    fmt = pick_precision(dev, precision, measured=display == DEFAULT_MODEL)
     key = (source, str(dev), fmt)
     with _LOAD_LOCK:
         if key in _LOADED:

@@ -144,17 +144,18 @@ def main(argv: list[str] | None = None) -> int:
                                 reachable_at_start=True)
         print(f"streamlab: relaying to {engine.url}", file=sys.stderr, flush=True)
     else:
-        engine, load = None, functools.partial(load_and_say, args.model, args.engine)
+        engine, load = None, functools.partial(load_and_say, args.model, args.engine, args.precision)
     server = Server(engine, config_from_args(args))
     return bind_load_serve(server, load, exit_on_stdin_eof=args.exit_on_stdin_eof, loop=args.loop)
 
 
-def load_and_say(name: str | None, engine: str) -> Any:
+def load_and_say(name: str | None, engine: str, precision: str | None = None) -> Any:
     """Load the model (stdout kept for the one line the runner waits for) and say what was loaded."""
     from streamlab.model.loading import load_model
 
     with redirect_stdout(sys.stderr):
-        lm = load_model(name)
-    print(f"streamlab: model {lm.name} on {lm.device} (loaded in {lm.load_seconds:.1f} s), generations: {engine}",
+        lm = load_model(name, precision=precision)
+    print(f"streamlab: model {lm.name} on {lm.device}, {lm.precision} (loaded in {lm.load_seconds:.1f} s),"
+          f" generations: {engine}",
           file=sys.stderr, flush=True)
     return lm

@@ -60,13 +60,16 @@ REQUESTS = Settings(
     # took turns on one lock (chapter 9 on threads, 2 cores, SmolLM2-135M, idle
     # first text 0.22 s: 2 readers at once got theirs in 0.30 s median, 4 in
     # 0.59 s), when more at once added no tokens/s, only waiting. The batched
-    # engine (the default since) makes one forward pass for all of them:
-    # benchmarks/load.py measured 8 readers at once at 45 tokens/s in all against
-    # 11 on threads, each reader still getting a token every 162 ms (median),
-    # under the 0.2 s a reader notices. So 8, for now: the value to keep is the
-    # largest batch whose readers each stay under that reading threshold per
-    # token in benchmarks/load.py on the machine that serves. Beyond it readers
-    # wait in line (max_waiting, admission) rather than slow everyone down.
+    # engine (the default since) makes one forward pass for all of them. The
+    # value to keep is the largest batch whose readers each stay under the 0.2 s
+    # reading threshold per token on the machine that serves, with room for its
+    # noise. Measured in the default format (split-int4) with benchmarks/load.py
+    # --engines batched --concurrency 8,16,24 (2026-12-01, 2 cores, quiet, 64
+    # tokens each), the slowest reader's time per token: 108 ms at 8 readers,
+    # 169 ms at 16, 248 ms at 24. 16 is under the threshold by 15%, inside the
+    # ~30% a shared machine swings by; 8 keeps half of it free, and with it the
+    # server makes 85.6 tokens/s against one reader's 23.2. So 8. Beyond it
+    # readers wait in line (max_waiting, admission) rather than slow everyone down.
     Setting("max_active", 8, "generations", "run N generations at once; the others wait in line (or, with"
             " --admission refuse, get 503)"),
     # Ollama and vLLM queue what they cannot run yet, and so does this server: a
@@ -170,6 +173,10 @@ COMMAND = Settings(
     "Where the tokens come from",
     Setting("model", None, "", "Hugging Face id or folder to load", metavar="MODEL",
             show="$STREAMLAB_MODEL, else the embedded model", field=False),
+    Setting("precision", None, "", "the decode format the model runs in: float32, bfloat16, int8, int4, split-int8,"
+            " split-int4, split-bfloat16 (split: the prompt read in float32, tokens decoded narrow; docs/model.md"
+            " measures them)", metavar="FORMAT", show="$STREAMLAB_DTYPE, else split-int4 for the embedded model on a"
+            " CPU, float32 for another, float16 on a GPU", field=False),
     Setting("upstream", None, "", "relay to this OpenAI-compatible server (vLLM, llama.cpp, Ollama, streamlab) instead"
             " of loading a model; its API key, if it needs one, from $STREAMLAB_UPSTREAM_KEY", metavar="URL",
             show="none: load a model", field=False),
