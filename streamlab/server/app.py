@@ -431,10 +431,9 @@ class Server:
 
         A GET with no body, so a browser's ``EventSource`` can read it; a
         reconnect with ``Last-Event-ID`` resumes (see the registry's ``events``).
-        The stream ends by closing the connection.
+        The stream ends by closing the connection; a 204 leaves it open for the next request.
         """
-        await self.registry.events(client, request, id)
-        return False
+        return await self.registry.events(client, request, id)
 
     async def cancel_generation(self, client: ClientConnection, request: Request, id: str) -> bool:  # noqa: A002
         """``POST /generations/{id}/cancel``: the user pressed stop. Answers once generation has stopped.

@@ -22,11 +22,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from streamlab.protocol.endings import CANCEL, EOF, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS, SERVER_SHUTDOWN
+from streamlab.protocol.endings import CANCEL, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS, SERVER_SHUTDOWN
 from streamlab.protocol.http_head import HTTPError, Request
 from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
-from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
+from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event
 from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
 from streamlab.server.requests import GenerationRequest, last_event_id
@@ -219,7 +219,7 @@ class Registry:
         }
         return body, [("Location", f"/generations/{resource.id}"), *resource.headers()]
 
-    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> None:
+    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> bool:
         """``GET /generations/{id}/events``: the events after ``Last-Event-ID``, kept ones at once, then live ones.
 
         A reader that reconnects with ``Last-Event-ID: N`` (an EventSource does
@@ -227,20 +227,20 @@ class Registry:
         generated again. One that already had the last event gets ``204``, the
         only answer that stops an EventSource from reconnecting for ever. With
         ``--forget`` nothing was kept: every reader gets a new generation,
-        tied to its connection, and never a 204.
+        tied to its connection, and never a 204. True: the connection may carry another request (a 204 only).
         """
         resource = self.get(generation_id)
         after = last_event_id(request)
         if resource.finished_for(after):
-            await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
-            return
+            return await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
         # The stream ends by closing: say so, so that a pooled client does not reuse the connection.
         stream = EventStream(client, request, headers=resource.headers(), accel_header=self.config.accel_header,
                              keep_alive=False)
         if stream.head_only:
             await stream.open()  # the head alone: with --forget, no run starts for a reader who reads nothing
-            return
+            return False
         await self.send(client, stream, resource, after)
+        return False  # the stream ended by closing
 
     async def cancelled(self, generation_id: str) -> dict:
         """``POST /generations/{id}/cancel``: stop it, then say where it stands."""
@@ -330,16 +330,7 @@ class Registry:
         stream.headers = resource.headers()  # with --forget, the X-Request-Id of the run just started
         gone: str | None = None
         try:
-            await stream.open()
-            pumped = stream.pump(run.follow(after, self.config.ping_interval))
-            if self.config.naive:
-                await pumped
-            elif not await until_client_leaves(client, pumped):
-                gone = EOF
-                return
-            await stream.close()
-        except ClientGone as err:
-            gone = err.signal
+            gone = await stream.follow(run.follow(after, self.config.ping_interval), naive=self.config.naive)
         finally:
             self._leave(resource, run, gone)
 

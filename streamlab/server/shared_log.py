@@ -31,11 +31,11 @@ import uuid
 from typing import Any, AsyncIterator
 
 from streamlab.net.errors import UserError
-from streamlab.protocol.endings import CANCEL, EOF, INCOMPLETE_REASONS
+from streamlab.protocol.endings import CANCEL, INCOMPLETE_REASONS
 from streamlab.protocol.http_head import HTTPError, Request
 from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
-from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
+from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event, dumps
 from streamlab.server.requests import GenerationRequest
 from streamlab.server.streams import EventStream
@@ -146,36 +146,27 @@ class SharedRegistry:
                 "events": f"/generations/{generation_id}/events"}
         return body, [("Location", f"/generations/{generation_id}"), ("X-Generation-Id", generation_id)]
 
-    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> None:
-        """``GET /generations/{id}/events`` from any replica: the stream after ``Last-Event-ID``, or 204."""
+    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> bool:
+        """``GET /generations/{id}/events`` from any replica: the stream after ``Last-Event-ID``, or 204 (kept alive)."""
         await self._meta(generation_id)
         header = (request.header("last-event-id") or "").strip()
         after = header if ENTRY_ID.fullmatch(header) else "0-0"
         last = await self.redis.xrevrange(events_key(generation_id), count=1)
         if last and last[0][0] == after and last[0][1]["e"] in ENDINGS:
-            await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
-            return
+            return await responses.respond(client, request, None, status=204, headers=[("Cache-Control", "no-cache")])
         stream = EventStream(client, request, headers=[("X-Generation-Id", generation_id),
                                                        ("X-Served-By", self.served_by)],
                              accel_header=self.config.accel_header, keep_alive=False)
         if stream.head_only:
             await stream.open()
-            return
+            return False
         await self.redis.hincrby(meta_key(generation_id), "readers", 1)
         gone: str | None = None
         try:
-            await stream.open()
-            pumped = stream.pump(self.follow(generation_id, after))
-            if self.config.naive:
-                await pumped
-            elif not await until_client_leaves(client, pumped):
-                gone = EOF
-                return
-            await stream.close()
-        except ClientGone as err:
-            gone = err.signal
+            gone = await stream.follow(self.follow(generation_id, after), naive=self.config.naive)
         finally:
             await asyncio.shield(self._leave(generation_id, gone))
+        return False  # the stream ended by closing
 
     async def follow(self, generation_id: str, after: str) -> AsyncIterator[Event | None]:
         """Every entry after ``after``, kept ones first, then live ones (``XREAD BLOCK``); None after a silence."""

@@ -17,9 +17,9 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from streamlab.protocol import sse
-from streamlab.protocol.endings import LEAVING_SIGNALS
+from streamlab.protocol.endings import EOF, LEAVING_SIGNALS
 from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
-from streamlab.server.connection import ClientConnection
+from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
 from streamlab.server.events import Event, dumps
 from streamlab.server.jobs import Job, Jobs, Ticket, delivered
 
@@ -107,6 +107,25 @@ class EventStream:
         """End the body: the zero-length chunk; for HTTP/1.0 nothing (closing the connection ends it)."""
         if not self.http10:
             await self.client.send(LAST_CHUNK)
+
+    async def follow(self, events: AsyncIterator[Event | None], *, naive: bool = False) -> str | None:
+        """Open, pump ``events`` to their end and close, watching for the reader to leave; who left, or None.
+
+        The signal of a reader who left (``EOF``, or what the failed write
+        said), None when the stream ran to its end. ``naive`` does not watch
+        for EOF: only a failed write tells the server that the reader is gone.
+        """
+        try:
+            await self.open()
+            pumped = self.pump(events)
+            if naive:
+                await pumped
+            elif not await until_client_leaves(self.client, pumped):
+                return EOF
+            await self.close()
+        except ClientGone as err:
+            return err.signal
+        return None
 
 
 async def format_events(jobs: Jobs, job: Job, fmt: Format, ping_interval: float) -> AsyncIterator[Event | None]:
