@@ -19,6 +19,13 @@ Perplexity is deterministic, so it is measured once per format: the human
 continuation of every item of data/prompts.json, teacher-forced after its
 prompt, the same token ids for every format (streamlab.model.perplexity).
 
+Where ``make engine`` has built llama.cpp's server (``.venv-engine``), it serves the
+very GGUF the default model ships in (its own 4-bit Q4_1 weights and kernels) with
+as many threads as torch has, and each round also streams the round's prompt from it
+through its OpenAI API, greedy, as many tokens: its first token and tokens/s sit
+beside the formats, its ratio to float32 taken within the round. It is a reference,
+not a candidate: the server does not run on it (``--no-engine`` leaves it out).
+
 The rule for the default: the format that decodes fastest among those whose
 first token is at most 10% slower than float32's and whose perplexity is
 within 2% of float32's. The goal of issue #19: one reader decodes at least
@@ -36,6 +43,7 @@ from typing import Any
 import torch
 
 from streamlab.book.bench import Report
+from streamlab.lab.llamacpp import LlamaServer, chat_stream_timing, unavailable_reason
 from streamlab.lab.measures import load_note
 from streamlab.lab.records import load_prompts
 from streamlab.model.loading import load_model
@@ -120,6 +128,34 @@ def pick_default(rows: dict[str, dict[str, float]]) -> str:
     return max(fit, key=lambda name: rows[name]["speedup"])
 
 
+ENGINE = "llama.cpp"
+
+
+def start_engine(leave_out: bool, threads: int) -> LlamaServer | None:
+    """llama.cpp's server on the embedded GGUF where ``make engine`` built it; None (and why, printed) elsewhere."""
+    why = "left out (--no-engine)" if leave_out else unavailable_reason()
+    if why:
+        print(f"decode_formats: {ENGINE} not measured: {why}", flush=True)
+        return None
+    return LlamaServer(threads=threads).start()
+
+
+def engine_row(runs: list[dict[str, float]], base: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """llama.cpp's row of the table: its first token and tokens/s, its decode against float32's round by round."""
+    first = spread([run["first"] for run in runs])
+    speed = spread([run["tokens_per_s"] for run in runs])
+    speedup = spread([run["tokens_per_s"] / b["tokens_per_s"] for run, b in zip(runs, base)])
+    slowdown = spread([run["first"] / b["first"] for run, b in zip(runs, base)])
+    return {
+        "format": ENGINE, "prefill": "Q4_1 (GGUF)", "decode": "Q4_1 (GGUF)", "MB read a token": float("nan"),
+        "first token s": first[0], "first min": first[1], "first max": first[2],
+        "tokens/s": speed[0], "tok/s min": speed[1], "tok/s max": speed[2],
+        "decode speed-up": speedup[0], "speed-up range": f"{speedup[1]:.2f}-{speedup[2]:.2f}",
+        "first-token slowdown": slowdown[0], "slowdown range": f"{slowdown[1]:.2f}-{slowdown[2]:.2f}",
+        "perplexity": float("nan"), "ppl change %": float("nan"), f"same tokens as f32 (of {tokens + 1})": "",
+    }
+
+
 def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default=",".join(FORMATS))
@@ -129,6 +165,7 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--ppl-texts", type=int, default=20, help="human texts scored (of data/prompts.json's 20)")
     parser.add_argument("--ppl-tokens", type=int, default=0, help="score at most this many tokens of each (0: all)")
     parser.add_argument("--threads", type=int, default=0, help="torch's threads for the run (0: its default)")
+    parser.add_argument("--no-engine", action="store_true", help="leave llama.cpp out even where make engine built it")
     parser.add_argument("--tiny", action="store_true", help="a quick run for the test (2 rounds, 4 tokens, 2 short texts)")
     args = parser.parse_args(argv)
     if args.tiny:
@@ -150,17 +187,30 @@ def main(argv: list[str] | None = None) -> Report:
     print(f"model {lm.name}, torch {torch.__version__} with {torch.get_num_threads()} threads; "
           f"{load_note()}", flush=True)
     runners = {name: make_runner(lm.model, name) for name in names}
+    engine = start_engine(args.no_engine, torch.get_num_threads())
 
     # First calls pay for allocations and kernel set-up: a prompt of another length, a few steps, untimed.
     one_round(runners, names, chat_ids(tok, items[-1]["prompt"]), 2, 1)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        ids = chat_ids(tok, items[r % len(items)]["prompt"])
-        order = names[r % len(names):] + names[: r % len(names)]  # who goes first changes every round
-        for name, run in one_round(runners, order, ids, args.tokens, args.prefill_repeats).items():
-            runs[name].append(run)
-        print(f"  round {r + 1}/{args.rounds} ({len(ids)}-token prompt): "
-              + ", ".join(f"{name} {runs[name][-1]['tokens_per_s']:.1f} tok/s" for name in names), flush=True)
+    engine_runs: list[dict[str, float]] = []
+    try:
+        if engine is not None:
+            chat_stream_timing(engine.port, items[-1]["prompt"], 2)  # its first request warms it up, untimed
+        for r in range(args.rounds):
+            prompt = items[r % len(items)]["prompt"]
+            ids = chat_ids(tok, prompt)
+            order = names[r % len(names):] + names[: r % len(names)]  # who goes first changes every round
+            for name, run in one_round(runners, order, ids, args.tokens, args.prefill_repeats).items():
+                runs[name].append(run)
+            if engine is not None:
+                first, rate, _ = chat_stream_timing(engine.port, prompt, args.tokens + 1)
+                engine_runs.append({"first": first, "tokens_per_s": rate})
+            print(f"  round {r + 1}/{args.rounds} ({len(ids)}-token prompt): "
+                  + ", ".join(f"{name} {runs[name][-1]['tokens_per_s']:.1f} tok/s" for name in names)
+                  + (f", {ENGINE} {engine_runs[-1]['tokens_per_s']:.1f} tok/s" if engine_runs else ""), flush=True)
+    finally:
+        if engine is not None:
+            engine.stop()
 
     texts = []
     for item in items[: args.ppl_texts]:
@@ -197,6 +247,8 @@ def main(argv: list[str] | None = None) -> Report:
             "perplexity": ppl[name].value, "ppl change %": change,
             f"same tokens as f32 (of {args.tokens + 1})": same,
         })
+    if engine_runs:
+        rows.append(engine_row(engine_runs, base, args.tokens))
     report.table(f"one reader, median and range over {args.rounds} rounds (ratios to float32 paired within a round); "
                  f"perplexity on {len(pairs)} human texts ({ppl['float32'].tokens} tokens)", rows)
     for name in names:
@@ -208,6 +260,13 @@ def main(argv: list[str] | None = None) -> Report:
             report.ratio(f"{name}.decode_speedup", row["decode speed-up"])
             report.ratio(f"{name}.first_token_slowdown", row["first-token slowdown"])
             report.figure(f"{name}.perplexity_change", row["ppl change %"], "%")
+
+    if engine_runs:
+        row = rows[-1]
+        report.figure(f"{ENGINE}.first_token_s", row["first token s"], "s")
+        report.figure(f"{ENGINE}.tokens_per_s", row["tokens/s"], "tokens/s")
+        report.ratio("llama_cpp_vs_float32_decode", row["decode speed-up"],
+                     note=f"llama.cpp's server on the embedded GGUF, {engine.threads} threads, through its OpenAI API")
 
     chosen = pick_default(summary)
     verdicts = [{

@@ -79,3 +79,22 @@ def test_streamed_chat_completion_has_text_and_a_finish_reason(engine: LlamaServ
     assert text.strip(), chunks
     assert "<|im_" not in text  # the chat template's markers are not leaked as text
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_chat_stream_timing_times_an_openai_stream_piece_by_piece():
+    """The benchmark's llama.cpp row, read from a server that speaks the same API: ours, scripted at 50 tokens/s."""
+    from streamlab.book.grading import scripted_server
+    from streamlab.lab.llamacpp import chat_stream_timing
+
+    with scripted_server(50.0) as server:
+        first, rate, pieces = chat_stream_timing(server.port, "Say hi.", 12)
+    assert pieces == 12
+    assert 0.5 < rate / 50.0 < 2.0, rate  # the scripted schedule, give or take the machine's timers
+
+
+@needs_engine
+def test_chat_stream_timing_reads_llama_cpp(engine: LlamaServer):
+    from streamlab.lab.llamacpp import chat_stream_timing
+
+    first, rate, pieces = chat_stream_timing(engine.port, "What is the capital of France?", 12)
+    assert 1 <= pieces <= 12 and first > 0

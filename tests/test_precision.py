@@ -230,3 +230,9 @@ def test_the_benchmark_prints_lines_that_parse(tmp_path):
     assert goal["op"] == "≥" and goal["verdict"].startswith(("met", "missed", "within noise"))
     assert saved["data"]["default"] in FORMATS
     assert "decode_formats" in bench.BENCHMARKS
+    from streamlab.lab.llamacpp import unavailable_reason
+
+    if unavailable_reason() is None:  # make engine built llama.cpp: its row is beside the formats
+        assert "llama_cpp_vs_float32_decode" in {f["key"] for f in figures}
+    else:
+        assert "decode_formats: llama.cpp not measured: " in done.stdout

@@ -30,7 +30,8 @@ from streamlab.client.timed import ClientError, get_json_sync
 from streamlab.model.loading import ModelError, embedded_gguf
 from streamlab.lab.runner import REPO, free_port, stop_process
 
-__all__ = ["ENGINE_VENV", "LlamaServer", "EngineError", "gguf_path", "llama_server_command", "unavailable_reason"]
+__all__ = ["ENGINE_VENV", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path", "llama_server_command",
+           "unavailable_reason"]
 
 ENGINE_VENV = Path(os.environ.get("STREAMLAB_ENGINE_VENV") or REPO / ".venv-engine")
 ENGINE_VERSION = "0.3.36"  # what scripts/engine.sh installs
@@ -123,6 +124,7 @@ class LlamaServer:
     ) -> None:
         self.gguf = Path(gguf) if gguf else gguf_path()
         self.port = port or free_port()
+        self.threads = threads
         self.args = llama_server_command(self.gguf, self.port, *extra, python=engine_python(venv), threads=threads)
         self.start_timeout = start_timeout
         self.venv = venv
@@ -197,3 +199,26 @@ class LlamaServer:
     def __repr__(self) -> str:
         state = "not started" if self.process is None else ("running" if self.process.poll() is None else "stopped")
         return f"<LlamaServer {self.url} {state}>"
+
+
+def chat_stream_timing(port: int, prompt: str, tokens: int, *, model: str = "default") -> tuple[float, float, int]:
+    """One streamed OpenAI chat completion (greedy): time to its first text, pieces/s after it, pieces.
+
+    What ``benchmarks/decode_formats.py`` holds llama.cpp's server to, beside
+    torch's formats: the same prompt in the chat template, the same number of
+    tokens, timed from the request's sending to each text chunk's arrival
+    (one token a chunk in llama.cpp's stream, and in ours). The answer may end
+    at its end-of-text before ``tokens``: the rate is over what came.
+    """
+    import asyncio
+
+    from streamlab import client
+
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "temperature": 0.0, "stream": True}
+    trace = asyncio.run(client.post(port, "/v1/chat/completions", body))
+    arrivals = [e.t for e in trace.events if e.kind == "text" and e.text]
+    if not arrivals:
+        raise EngineError(f"no text came back from port {port}: status {trace.status}, {trace.events[-3:]}")
+    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else float("nan")
+    return arrivals[0], rate, len(arrivals)
