@@ -157,8 +157,8 @@ def test_02_three_ways(tmp_path):
     f = run_chapter("02_three_ways", tmp_path)
     ways = f["ways"]
     assert f["complete_first_equals_end"] is True
-    for way in ("stream", "ws"):
-        assert ways[way]["first text (s)"] < ways[way]["end (s)"] / 10, way
+    for way in ("stream", "ws"):  # the first text early in a streamed answer, where /complete's is its end
+        assert ways[way]["first text (s)"] < ways[way]["end (s)"] / 4, way
     assert f["same_text"] is True
     # Streaming costs bytes: /complete is the cheapest per byte of text, SSE the dearest.
     assert ways["complete"]["ratio"] < ways["ws"]["ratio"] < ways["stream"]["ratio"]
@@ -222,17 +222,19 @@ def test_06_the_proxy(tmp_path):
     paths = f["paths"]
     buffering = paths[f["buffering_key"]]
     assert buffering["first_event"] >= 0.9 * buffering["end"]
+    # Streaming means the first event well before the end; a buffered one comes at the end (≥ 0.9 of it). The
+    # first token alone is a few tenths of a second on a busy machine, so "well before" is before half of it.
     honor = paths["stand-in proxy, --honor"]
-    assert honor["first_event"] < honor["end"] / 5
+    assert honor["first_event"] < honor["end"] / 2
     direct = paths["direct"]
-    assert direct["first_event"] < direct["end"] / 5
+    assert direct["first_event"] < direct["end"] / 2
     assert f["idle_died_without_pings"] is True
     assert f["idle_survived_with_pings"] is True
     if os.environ.get("CI") or find_nginx():
         assert f["have_nginx"], "CI installs nginx: the nginx section must run"
         with_header = paths["nginx defaults, server sends X-Accel-Buffering: no"]
         without = paths["nginx defaults, no header"]
-        assert with_header["first_event"] < with_header["end"] / 5
+        assert with_header["first_event"] < with_header["end"] / 2
         assert without["first_event"] >= 0.9 * without["end"]
         # nginx closes its upstream connection when the reader leaves: the server stops too.
         left = f["nginx_left"]
