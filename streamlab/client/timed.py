@@ -99,8 +99,13 @@ async def _read_response(
     read_size: int,
     stop_after: int | None,
     leave_after: float | None = None,
+    on_read: Callable[[], None] | None = None,
 ) -> None:
-    """Read until the response is done, the reader leaves (after N events or S seconds), or EOF."""
+    """Read until the response is done, the reader leaves (after N events or S seconds), or EOF.
+
+    ``on_read`` is called after each read is fed to the trace: a reader that acts
+    mid-answer (presses stop on a connection of its own) and reads on.
+    """
     deadline = trace.sent + timeout
     leave_at = trace.sent + leave_after if leave_after is not None else float("inf")
     while not reading.done:
@@ -114,6 +119,8 @@ async def _read_response(
             reading.eof()
             break
         reading.feed(data, trace.got_bytes(len(data)))
+        if on_read is not None:
+            on_read()
         if stop_after is not None and len(trace.text_events) >= stop_after and not reading.done:
             trace.left = True
             break

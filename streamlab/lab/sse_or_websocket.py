@@ -29,6 +29,7 @@ from typing import Any
 
 from streamlab.client.timed import (
     _get_head,
+    _read_response,
     cancel_generation,
     create_generation,
     post,
@@ -37,7 +38,7 @@ from streamlab.client.timed import (
     websocket,
 )
 from streamlab.client.tracing import ResponseRecorder, Trace
-from streamlab.client.wire import _close, _connect, _recv
+from streamlab.client.wire import _close, _connect
 from streamlab.hops.nginx import run_nginx
 from streamlab.net.aio import run_sync
 
@@ -194,21 +195,18 @@ async def _sse_cancel(port: int, body: dict[str, Any], stop_after: int, *, timeo
     reader, writer = await _connect("127.0.0.1", port, timeout)
     cancelling: asyncio.Task | None = None
     at_stop = replied = None
+
+    def press_stop() -> None:  # the stop button: a request of its own, on a new connection
+        nonlocal cancelling, at_stop
+        if cancelling is None and len(trace.text_events) >= stop_after:
+            at_stop = trace.now()
+            cancelling = asyncio.ensure_future(cancel_generation(port, created["id"]))
+
     try:
         trace.sent = time.perf_counter()
         writer.write(_get_head(created["events"], "127.0.0.1", port, None))
         await writer.drain()
-        while not reading.done:
-            data = await _recv(reader, 65536, trace.sent + timeout)
-            if data is None:
-                raise TimeoutError(f"the cancelled stream did not end within {timeout} s")
-            if not data:
-                reading.eof()
-                break
-            reading.feed(data, trace.got_bytes(len(data)))
-            if cancelling is None and len(trace.text_events) >= stop_after:
-                at_stop = trace.now()  # the stop button: a request of its own, on a new connection
-                cancelling = asyncio.ensure_future(cancel_generation(port, created["id"]))
+        await _read_response(reader, reading, trace, created["events"], timeout, 65536, None, on_read=press_stop)
         if cancelling is not None:
             await cancelling
             replied = trace.now()
