@@ -31,3 +31,18 @@ def on_loop(server: Server, coroutine: Any, timeout: float = 10) -> Any:
     """Run a coroutine on the server's loop (to read its state safely) and return its result."""
     assert server.loop is not None, "the server has not been started"
     return asyncio.run_coroutine_threadsafe(coroutine, server.loop).result(timeout)
+
+
+def generation_done(port: int, generation_id: str, timeout: float = 10.0) -> dict:
+    """Poll ``GET /generations/{id}`` until its status is ``done``; that state (an AssertionError past ``timeout``)."""
+    import time
+
+    from streamlab.client import timed
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = asyncio.run(timed.get_json(port, f"/generations/{generation_id}"))
+        if state["status"] == "done":
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"generation {generation_id} did not end within {timeout} s")

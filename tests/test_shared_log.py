@@ -18,7 +18,7 @@ import pytest
 fakeredis = pytest.importorskip("fakeredis")
 
 from fakes import FakeLM  # noqa: E402
-from inprocess import serving  # noqa: E402
+from inprocess import generation_done, serving  # noqa: E402
 
 from streamlab import cli  # noqa: E402
 from streamlab.client import timed  # noqa: E402
@@ -50,16 +50,6 @@ def text_of(*traces: timed.Trace) -> str:
     return "".join(e.text for trace in traces for e in trace.text_events)
 
 
-def wait_done(port: int, generation_id: str, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = run(timed.get_json(port, f"/generations/{generation_id}"))
-        if state["status"] == "done":
-            return state
-        time.sleep(0.05)
-    raise AssertionError(f"generation {generation_id} did not end within {timeout} s")
-
-
 def ending(trace: timed.Trace) -> dict:
     return next(e.data for e in trace.events if e.kind == "end")
 
@@ -71,7 +61,7 @@ def test_a_reconnect_to_another_replica_resumes_where_it_left(fake_redis: object
         first = run(timed.events(a.port, created["events"], stop_after=7))
         assert re.fullmatch(r"[0-9]+-[0-9]+", last_id(first) or ""), "the stream entry id is the SSE id"
         second = run(timed.events(b.port, created["events"], last_event_id=last_id(first)))
-        whole = wait_done(b.port, created["id"])
+        whole = generation_done(b.port, created["id"])
         assert second.complete and len(first.text_events) == 7
         assert text_of(first, second) == whole["text"] == SCRIPT[:60]
         assert whole["stop_reason"] == "max_tokens" and whole["tokens"] == 60
@@ -108,7 +98,7 @@ def test_a_reader_who_leaves_stops_the_worker_after_the_grace_period(fake_redis:
     with serving(events=URL, grace=0.2) as a, replicas.worker_in_process(lm, URL):
         created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 200, "ignore_eos": True}))
         first = run(timed.events(a.port, created["events"], stop_after=5))
-        state = wait_done(a.port, created["id"])
+        state = generation_done(a.port, created["id"])
         assert state["stored_reason"] == "client_left" and first.left
         entries = run(_entries(created["id"]))
         end = entries[-1]
@@ -134,7 +124,7 @@ def test_a_worker_that_dies_mid_answer_leaves_its_job_to_another_which_ends_it_i
         first_worker.crash()  # acknowledges nothing, ends nothing
         with replicas.worker_in_process(lm, URL, name="second", claim_idle=0.3) as second_worker:
             after = run(timed.events(a.port, created["events"], last_event_id=last_id(before)))
-            state = wait_done(a.port, created["id"])
+            state = generation_done(a.port, created["id"])
         assert second_worker.worker.done == [created["id"]]
         end = ending(after)
         assert end["stop_reason"] == "interrupted" and end["interrupted_worker"] == "first"

@@ -15,12 +15,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from fakes import FakeLM
-from inprocess import serving
+from inprocess import generation_done, serving
 
 from streamlab.book import bench
 from streamlab.client import timed
@@ -33,16 +32,6 @@ pytestmark = [pytest.mark.skipif(find_redis() is None and not os.environ.get("CI
 
 def run(coroutine: object) -> object:
     return asyncio.run(coroutine)  # type: ignore[arg-type]
-
-
-def until_done(port: int, generation_id: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = run(timed.get_json(port, f"/generations/{generation_id}"))
-        if state["status"] == "done":
-            return state
-        time.sleep(0.05)
-    raise AssertionError(f"{generation_id} did not end in {timeout} s")
 
 
 @pytest.mark.model
@@ -59,7 +48,7 @@ def test_a_worker_process_killed_mid_answer_is_taken_over_and_a_reader_moves_rep
             worker.process.wait(10)
             with worker_in_process(FakeLM("unused"), redis.url, name="heir", claim_idle=0.5) as heir:
                 rest = run(timed.events(b.port, created["events"], last_event_id=last_id(first)))
-                state = until_done(b.port, created["id"])
+                state = generation_done(b.port, created["id"], timeout=30.0)
             assert heir.worker.done == [created["id"]]
         finally:
             worker.stop()
