@@ -16,9 +16,7 @@ the disconnect after every token (measured: idle within 0.25 s of the cut).
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from pathlib import Path
 
 from streamlab.client.timed import ClientError, get_json_sync
 from streamlab.model.loading import ModelError, embedded_gguf
-from streamlab.lab.runner import REPO, free_port, stop_process
+from streamlab.lab.runner import REPO, die_with_parent, free_port, stop_process
 
 __all__ = ["ENGINE_VENV", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path", "llama_server_command",
            "unavailable_reason"]
@@ -99,12 +97,6 @@ def llama_server_command(
     ]  # fmt: skip
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent goes (Linux's PR_SET_PDEATHSIG)."""
-    with suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-
-
 class LlamaServer:
     """``with LlamaServer() as engine:`` llama.cpp serving the default model at ``engine.url``.
 
@@ -157,7 +149,7 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         try:
             self._wait_until_ready()

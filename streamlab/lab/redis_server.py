@@ -23,6 +23,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamlab.lab.runner import die_with_parent, free_port
+
 START_TIMEOUT = 10.0
 _RUNNING: set[subprocess.Popen] = set()
 
@@ -57,12 +59,6 @@ class RedisProcess:
         return ""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
@@ -72,15 +68,6 @@ def _stop(process: subprocess.Popen) -> None:
             process.kill()
             process.wait()
     _RUNNING.discard(process)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM it when its parent dies, even by SIGKILL (a killed kernel)."""
-    with suppress(Exception):
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @atexit.register
@@ -98,13 +85,13 @@ def run_redis() -> Iterator[RedisProcess]:
     folder = Path(tempfile.mkdtemp(prefix="streamlab-redis-"))
     process: subprocess.Popen | None = None
     try:
-        port = _free_port()
+        port = free_port()
         args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
                 "--dir", str(folder), "--logfile", str(folder / "redis.log"), "--daemonize", "no",
                 "--protected-mode", "yes"]
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, cwd=folder,
-                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                                   preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         _RUNNING.add(process)
         running = RedisProcess(port, folder, process)
         _wait_until_ready(running)

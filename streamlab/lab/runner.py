@@ -43,6 +43,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def die_with_parent() -> None:
+    """A ``preexec_fn``: in the child, before exec, have Linux SIGTERM it when its parent dies, even by SIGKILL.
+
+    ``PR_SET_PDEATHSIG``: a daemon we start (redis-server, llama.cpp's server)
+    goes with a killed kernel instead of running on for nobody. Elsewhere it
+    does nothing.
+    """
+    import ctypes
+    from contextlib import suppress
+
+    with suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 @dataclass
 class RunningServer:
     """A started process that is listening: where it is, and how to look inside."""
