@@ -448,7 +448,10 @@ def load_model(
         if fmt == "float16":  # a dtype to load in, not a format to convert to
             runner = Runner(Format("float16", "float16", "float16", "half precision, as loaded"), model)
         else:
-            model, runner = prepare_model(model, fmt)  # int8, int4 and the splits convert here
+            # int8, int4 and the splits convert here; the embedded model's narrow weights are kept in its own
+            # converted folder, per CPU kernel kind (streamlab.model.decode_cache), so later loads only read them.
+            ours = display == DEFAULT_MODEL and dev.type == "cpu"
+            model, runner = prepare_model(model, fmt, cache=Path(source) if ours else None)
         loaded = LoadedModel(
             name=display,
             tokenizer=tokenizer,

@@ -52,10 +52,13 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+
+from streamlab.model import decode_cache
 
 WEIGHTS = ("float32", "bfloat16", "int8", "int4")  # what one copy of the weights can be
 INT8_MAX = 127
@@ -144,6 +147,19 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
+class StoredMismatch(ValueError):
+    """Stored narrow weights that do not fit the layer they are for: convert afresh instead."""
+
+
+def _check_stored(stored: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype],
+                  shapes: dict[str, tuple[int, ...]]) -> None:
+    for name, dtype in dtypes.items():
+        tensor = stored.get(name)
+        if tensor is None or tensor.dtype != dtype or tuple(tensor.shape) != shapes[name]:
+            got = "nothing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)}"
+            raise StoredMismatch(f"{name}: stored {got}, the layer needs {dtype} {shapes[name]}")
+
+
 class Int8Linear(nn.Module):
     """A bias-free or biased ``Linear`` whose weight is int8 with a float scale per output channel.
 
@@ -154,13 +170,19 @@ class Int8Linear(nn.Module):
     Elsewhere (or without the kernel) the weight is de-quantized per call.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    BUFFERS = {"weight_int8": torch.int8, "scales": torch.bfloat16}
+
+    def __init__(self, linear: nn.Linear, stored: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, scales = quantize_per_channel(linear.weight)
         device = linear.weight.device
-        self.register_buffer("weight_int8", q.to(device))
-        self.register_buffer("scales", scales.to(device=device, dtype=torch.bfloat16))
+        if stored is None:
+            q, scales = quantize_per_channel(linear.weight)
+            stored = {"weight_int8": q, "scales": scales.to(torch.bfloat16)}
+        _check_stored(stored, self.BUFFERS, {"weight_int8": (linear.out_features, linear.in_features),
+                                             "scales": (linear.out_features,)})
+        self.register_buffer("weight_int8", stored["weight_int8"].to(device))
+        self.register_buffer("scales", stored["scales"].to(device))
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self._kernel = device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
@@ -223,19 +245,24 @@ class Int4Linear(nn.Module):
     def fits(cls, linear: nn.Linear) -> bool:
         return linear.in_features % cls.GROUP == 0 and linear.out_features % cls.ROWS == 0
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, stored: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, scales, zeros = quantize_groups_int4(linear.weight, self.GROUP)
         device = linear.weight.device
         self._kernel = device.type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu")
-        if self._kernel:
-            self.register_buffer("weight_int4", torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
-        else:
-            self.register_buffer("weight_int4", q.to(device))  # one value a byte: kept simple off the CPU
-        # [in // group, out, 2]: each group's scale and zero side by side, as the kernel reads them.
-        packed = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous()
-        self.register_buffer("scales_and_zeros", packed.to(device=device, dtype=torch.bfloat16))
+        if stored is None:
+            q, scales, zeros = quantize_groups_int4(linear.weight, self.GROUP)
+            # The kernel's packing depends on the CPU kernels torch runs (see streamlab.model.decode_cache).
+            # Off the CPU: one value a byte, kept simple.
+            weight = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1) if self._kernel else q
+            # [in // group, out, 2]: each group's scale and zero side by side, as the kernel reads them.
+            packed = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous().to(torch.bfloat16)
+            stored = {"weight_int4": weight, "scales_and_zeros": packed}
+        _check_stored(stored, {"weight_int4": torch.uint8, "scales_and_zeros": torch.bfloat16}, {
+            "weight_int4": (linear.out_features, linear.in_features // (2 if self._kernel else 1)),
+            "scales_and_zeros": (linear.in_features // self.GROUP, linear.out_features, 2)})
+        self.register_buffer("weight_int4", stored["weight_int4"].to(device))
+        self.register_buffer("scales_and_zeros", stored["scales_and_zeros"].to(device))
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
@@ -268,17 +295,33 @@ def _shared_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _narrow_linear(child: nn.Linear, weights: str, head: bool) -> nn.Module:
+def _narrow_linear(child: nn.Linear, weights: str, head: bool, stored: dict[str, torch.Tensor] | None) -> nn.Module:
     """The int8 or int4 twin of one layer; the output projection is int8 in both (see the module docstring).
 
     A layer whose shape the int4 kernel cannot take stays int8 rather than float32.
+    ``stored``: its buffers as a previous conversion made them (streamlab.model.decode_cache).
     """
     if weights == "int4" and not head and Int4Linear.fits(child):
-        return Int4Linear(child)
-    return Int8Linear(child)
+        return Int4Linear(child, stored)
+    return Int8Linear(child, stored)
 
 
-def convert_weights(model: nn.Module, weights: str, *, copy_model: bool = True) -> nn.Module:
+def _narrow_layers(linears: list[tuple[str, nn.Linear]], weights: str, output: nn.Module | None,
+                   stored: dict[str, torch.Tensor] | None) -> list[nn.Module]:
+    """Every layer's twin, made before any is put in place (a stored file that does not fit changes nothing)."""
+    by_layer: dict[str, dict[str, torch.Tensor]] | None = None
+    if stored is not None:
+        by_layer = {}
+        for key, tensor in stored.items():
+            layer, _, buffer = key.rpartition(".")
+            by_layer.setdefault(layer, {})[buffer] = tensor
+        if set(by_layer) != {name for name, _ in linears}:
+            raise StoredMismatch("the stored layers are not this model's")
+    return [_narrow_linear(child, weights, child is output, None if by_layer is None else by_layer[name])
+            for name, child in linears]
+
+
+def convert_weights(model: nn.Module, weights: str, *, copy_model: bool = True, cache: Path | None = None) -> nn.Module:
     """``model`` (loaded in float32) made ready to run with ``weights``: float32, bfloat16, int8 or int4.
 
     float32 returns the model itself (unless ``copy_model`` and a copy is
@@ -287,6 +330,10 @@ def convert_weights(model: nn.Module, weights: str, *, copy_model: bool = True) 
     every tensor with ``model`` except their ``Linear`` weights, each replaced
     by an :class:`Int8Linear` or :class:`Int4Linear` (the output projection is
     int8 in both; see the module's docstring for why the embedding is not).
+
+    ``cache``, a folder that belongs to these very weights (the converted
+    model's own): int8 and int4 layers are read from the file a previous
+    conversion left there for this CPU's kernels, or made and stored there.
     """
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; valid: {', '.join(WEIGHTS)}")
@@ -296,10 +343,21 @@ def convert_weights(model: nn.Module, weights: str, *, copy_model: bool = True) 
         return (copy.deepcopy(model) if copy_model else model).to(torch.bfloat16)
     target = _shared_copy(model) if copy_model else model
     output = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
-    for module in list(target.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, _narrow_linear(child, weights, head=child is output))
+    places = [(module, child_name, f"{path}.{child_name}" if path else child_name)
+              for path, module in target.named_modules()
+              for child_name, child in module.named_children() if isinstance(child, nn.Linear)]
+    linears = [(name, getattr(module, child_name)) for module, child_name, name in places]
+    stored = decode_cache.read(cache, weights) if cache is not None else None
+    try:
+        narrow = _narrow_layers(linears, weights, output, stored)
+    except StoredMismatch:
+        stored = None
+        narrow = _narrow_layers(linears, weights, output, None)
+    for (module, child_name, _), layer in zip(places, narrow):
+        setattr(module, child_name, layer)
+    if cache is not None and stored is None:
+        decode_cache.write(cache, weights, {f"{name}.{buffer}": tensor for (_, _, name), layer in zip(places, narrow)
+                                            for buffer, tensor in layer.named_buffers() if buffer != "bias"})
     if getattr(target, "config", None) is not None and hasattr(target.config, "tie_word_embeddings"):
         target.config.tie_word_embeddings = False  # the head is its own int8 tensor now: never re-tie it
     return target
@@ -427,7 +485,7 @@ def _routed(runner: Runner, original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
-def prepare_model(model: nn.Module, name: str | Format) -> tuple[nn.Module, Runner]:
+def prepare_model(model: nn.Module, name: str | Format, *, cache: Path | None = None) -> tuple[nn.Module, Runner]:
     """Make a freshly loaded float32 ``model`` ready for a format, for loops that call ``model(...)``.
 
     Returns the model to call (converted in place where the format allows, so
@@ -436,13 +494,13 @@ def prepare_model(model: nn.Module, name: str | Format) -> tuple[nn.Module, Runn
     a pass with one token per row to the decode copy: the generation loops
     read a prompt in chunks of many tokens and decode one token per row, so
     the shape tells the phase until they call :meth:`Runner.prefill` and
-    :meth:`Runner.decode` themselves.
+    :meth:`Runner.decode` themselves. ``cache``: as for :func:`convert_weights`.
     """
     fmt = get_format(name)
     if not fmt.split:
-        converted = convert_weights(model, fmt.decode, copy_model=False)
+        converted = convert_weights(model, fmt.decode, copy_model=False, cache=cache)
         return converted, Runner(fmt, converted)
-    runner = Runner(fmt, model, convert_weights(model, fmt.decode))
+    runner = Runner(fmt, model, convert_weights(model, fmt.decode, cache=cache))
     model.forward = _routed(runner, model.forward)
     return model, runner
 
