@@ -14,8 +14,9 @@ What ``tests/test_server.py`` already does with such clients (h11 on
 requests on one socket, ``curl -N`` on ``/stream``) and ``tests/test_hostile.py``
 (a pooled httpx client on ``/generations/{id}/events``) is not repeated.
 
-The npm package is installed on first use into ``build/node`` (git-ignored);
-without npm or a registry that test is skipped, saying why.
+The npm package is installed on first use into streamlab's cache folder
+(``node/`` beside the converted model; ``build/`` is the book's); without npm
+or a registry that test is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ from httpx_sse import connect_sse
 from fakes import DEFAULT_SCRIPT
 from streamlab.lab import browser
 from streamlab import client
+from streamlab.model.loading import default_cache_dir
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
 from streamlab.server.config import MAX_BODY, MAX_WS_MESSAGE, RETRY_MS
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[1]
-NODE_PREFIX = ROOT / "build" / "node"
+NODE_PREFIX = default_cache_dir() / "node"
 EVENTSOURCE_VERSION = "3.0.7"  # engines: node >= 18 (4.x wants >= 20, 5.x >= 22.12)
 
 PROMPT = "The ferry left the harbor"
@@ -396,7 +397,7 @@ setTimeout(() => { out({ timeout: true, opens }); process.exit(3); }, 20000);
 
 @pytest.fixture(scope="session")
 def eventsource_module() -> Path:
-    """The npm ``eventsource`` package's ES module, installed into ``build/node`` on first use."""
+    """The npm ``eventsource`` package's ES module, installed into the cache's ``node/`` on first use."""
     module = NODE_PREFIX / "node_modules" / "eventsource" / "dist" / "index.js"
     package = NODE_PREFIX / "node_modules" / "eventsource" / "package.json"
     if package.is_file() and json.loads(package.read_text())["version"] == EVENTSOURCE_VERSION and module.is_file():

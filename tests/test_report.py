@@ -4,8 +4,8 @@ The fixture is a small run folder: chapters 1 and 2 with results and figures
 drawn by ``streamlab.book.plots`` and saved by ``streamlab.book.figures`` (as a chapter
 saves them), chapter 7 with results but no figure, and a chapter 12 the report
 has no mapping for. The browser test loads the page over ``file://`` (no
-server), checks that every image decodes, and leaves a screenshot in
-``build/test-report/`` to look at.
+server), checks that every image decodes, and leaves a screenshot beside
+the run folder (pytest's temporary folder; ``build/`` is the book's) to look at.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from streamlab.lab import browser
 from streamlab.book import figures
 from streamlab.book import plots
 from streamlab.book import report  # noqa: E402
-from streamlab.book.chapter import BUILD  # noqa: E402
 
 HEADLINES = {
     "01_split_characters": "01 split characters: 14 broken pieces naive, 0 incremental; joined text equals the original: True",
@@ -101,7 +100,7 @@ def test_the_original_figures_stand_beside_ours(run):
 @pytest.mark.browser
 @pytest.mark.skipif(browser.unavailable_reason() is not None, reason=f"no headless browser: {browser.unavailable_reason()}")
 def test_the_report_opens_from_disk_and_every_image_loads(run):
-    shot = BUILD / "test-report" / "report.png"
+    shot = run.parent / "report.png"
     seen = report.screenshot(run / "report.html", shot)
     assert len(seen["images"]) == 3 and all(width > 0 for width in seen["images"]), seen["images"]
     for headline in HEADLINES.values():

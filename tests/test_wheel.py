@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,17 +20,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# pip builds in the source tree (build/, *.egg-info): under two workers, both tests here in one worker, one build.
+# Both tests here in one worker, one build.
 pytestmark = pytest.mark.xdist_group("wheel")
+# What a wheel is made of. setuptools builds in its source tree (build/, *.egg-info), and build/ is the book's:
+# the wheel is built from a copy of these in a folder of its own, never in the checkout.
+SOURCES = ("pyproject.toml", "README.md", "streamlab", "data")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
-        check=True, capture_output=True, cwd=out,
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(REPO / name, source / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        capture_output=True, text=True, cwd=out,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("streamlab-*.whl")
     return built
 
