@@ -26,10 +26,14 @@ through its OpenAI API, greedy, as many tokens: its first token and tokens/s sit
 beside the formats, its ratio to float32 taken within the round. It is a reference,
 not a candidate: the server does not run on it (``--no-engine`` leaves it out).
 
-The rule for the default: the format that decodes fastest among those whose
-first token is at most 10% slower than float32's and whose perplexity is
-within 2% of float32's. The goal of issue #19: one reader decodes at least
-1.6x as fast as float32 in the format the rule picks.
+The rule for the default (``streamlab.model.cpu_kinds.pick``): the format that
+decodes fastest among those whose first token is at most 10% slower than
+float32's and whose perplexity is within 2% of float32's. The rule's figures
+depend on the CPU, so they are kept per kind of CPU (AMX, AVX-512, AVX2: see
+``streamlab.model.cpu_kinds``): ``--record`` writes this run's for the kind it
+ran on into ``streamlab/data/decode_formats.json``, which the server's default
+reads. The goal of issue #19: one reader decodes at least 1.6x as fast as
+float32 in the format the rule picks.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,13 +51,14 @@ from streamlab.book.bench import Report
 from streamlab.lab.llamacpp import LlamaServer, chat_stream_timing, unavailable_reason
 from streamlab.lab.measures import load_note
 from streamlab.lab.records import load_prompts
+from streamlab.model import cpu_kinds
+from streamlab.model.cpu_kinds import MAX_FIRST_TOKEN_SLOWDOWN, MAX_PERPLEXITY_CHANGE
 from streamlab.model.loading import load_model
 from streamlab.model.perplexity import encode_pairs, perplexity
 from streamlab.model.precision import Runner, get_format, make_runner, weight_bytes
 
+RECORDED = Path(__file__).resolve().parents[1] / "streamlab" / "data" / cpu_kinds.MEASURED_FILE
 FORMATS = ("float32", "bfloat16", "int8", "int4", "split-int8", "split-int4", "split-bfloat16")
-MAX_FIRST_TOKEN_SLOWDOWN = 1.10  # the rule: first token at most 10% slower than float32's
-MAX_PERPLEXITY_CHANGE = 2.0  # % from float32's, either way, at most
 GOAL_SPEEDUP = 1.6  # issue #19: one reader's decode against float32's
 
 
@@ -117,17 +123,6 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def pick_default(rows: dict[str, dict[str, float]]) -> str:
-    """The rule: fastest decode among formats with first token ≤ 10% slower and perplexity within 2%.
-
-    Within 2% either way: a format that scores much better than the weights
-    it was made from is a different model, not a free gift.
-    """
-    fit = [name for name, r in rows.items()
-           if r["first_slowdown"] <= MAX_FIRST_TOKEN_SLOWDOWN and abs(r["ppl_change"]) <= MAX_PERPLEXITY_CHANGE]
-    return max(fit, key=lambda name: rows[name]["speedup"])
-
-
 ENGINE = "llama.cpp"
 
 
@@ -166,6 +161,8 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--ppl-tokens", type=int, default=0, help="score at most this many tokens of each (0: all)")
     parser.add_argument("--threads", type=int, default=0, help="torch's threads for the run (0: its default)")
     parser.add_argument("--no-engine", action="store_true", help="leave llama.cpp out even where make engine built it")
+    parser.add_argument("--record", action="store_true",
+                        help="write this run's figures as this kind of CPU's in streamlab/data/decode_formats.json")
     parser.add_argument("--tiny", action="store_true", help="a quick run for the test (2 rounds, 4 tokens, 2 short texts)")
     args = parser.parse_args(argv)
     if args.tiny:
@@ -183,9 +180,10 @@ def main(argv: list[str] | None = None) -> Report:
         "ppl_texts": args.ppl_texts,
         "ppl_tokens": args.ppl_tokens, "model": lm.name, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 2),
+        "cpu_kind": cpu_kinds.cpu_kind(),
     })
     print(f"model {lm.name}, torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"{load_note()}", flush=True)
+          f"{load_note()}; CPU {cpu_kinds.features_line()}", flush=True)
     runners = {name: make_runner(lm.model, name) for name in names}
     engine = start_engine(args.no_engine, torch.get_num_threads())
 
@@ -236,7 +234,8 @@ def main(argv: list[str] | None = None) -> Report:
         change = (ppl[name].value / ppl["float32"].value - 1) * 100
         same = statistics.median(agreement(run["made"], b["made"]) for run, b in zip(runs[name], base))
         summary[name] = {"speedup": speedup[0], "first_slowdown": slowdown[0], "ppl_change": change,
-                         "speedup_range": (speedup[1], speedup[2])}
+                         "speedup_range": (speedup[1], speedup[2]), "first_slowdown_range": (slowdown[1], slowdown[2]),
+                         "tokens_per_s": speed[0], "first_token_s": first[0]}
         rows.append({
             "format": name, "prefill": fmt.prefill, "decode": fmt.decode,
             "MB read a token": weight_bytes(runners[name]) / 1e6,
@@ -268,7 +267,7 @@ def main(argv: list[str] | None = None) -> Report:
         report.ratio("llama_cpp_vs_float32_decode", row["decode speed-up"],
                      note=f"llama.cpp's server on the embedded GGUF, {engine.threads} threads, through its OpenAI API")
 
-    chosen = pick_default(summary)
+    chosen = cpu_kinds.pick(summary)
     verdicts = [{
         "format": name,
         f"first token ≤ {MAX_FIRST_TOKEN_SLOWDOWN:.2f}x": "yes" if s["first_slowdown"] <= MAX_FIRST_TOKEN_SLOWDOWN else "no",
@@ -284,6 +283,13 @@ def main(argv: list[str] | None = None) -> Report:
                  note=f"the rule's pick, {chosen}", spread=summary[chosen]["speedup_range"])
     fastest = max(summary, key=lambda name: summary[name]["speedup"])
     report.ratio("fastest_decode_speedup", summary[fastest]["speedup"], note=f"{fastest}, whatever its first token")
+    if args.record:
+        if args.tiny or args.rounds < 5 or set(names) != set(FORMATS):
+            raise SystemExit("decode_formats: --record takes every format and at least 5 rounds, not --tiny")
+        how = (f"{time.strftime('%Y-%m-%d')}, {args.rounds} rounds, {torch.get_num_threads()} threads, "
+               f"load average {report.params['load_average']}")
+        cpu_kinds.record(report.params["cpu_kind"], how, summary, RECORDED)
+        print(f"decode_formats: recorded as the {report.params['cpu_kind']} figures in {RECORDED}", flush=True)
     report.save()
     return report
 

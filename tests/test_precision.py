@@ -160,9 +160,9 @@ def test_a_typo_names_the_valid_formats(monkeypatch):
     monkeypatch.setenv("STREAMLAB_DTYPE", "bfloat16")
     assert pick_dtype(cpu) == torch.bfloat16
     monkeypatch.delenv("STREAMLAB_DTYPE")
-    from streamlab.model.loading import CPU_DEFAULT
+    from streamlab.model.loading import cpu_default
 
-    assert pick_precision(cpu) == CPU_DEFAULT == "split-int4", "the measured default (docs/model.md)"
+    assert pick_precision(cpu) == cpu_default().format, "the measured default for this kind of CPU"
     assert pick_precision(cpu, measured=False) == "float32", "a model nobody measured keeps float32"
     assert pick_precision(torch.device("cuda")) == "float16"
     assert set(FORMATS) >= {"float32", "bfloat16", "int8", "split"} and FORMATS["split"].split

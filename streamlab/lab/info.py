@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 
 from streamlab.model.generation import Generation
-from streamlab.model.loading import DEFAULT_MODEL, default_cache_dir, load_model
+from streamlab.model import cpu_kinds
+from streamlab.model.loading import DEFAULT_MODEL, cpu_default, default_cache_dir, load_model
 from streamlab.lab.records import load_prompts
 from streamlab.net.errors import ArgumentParser
 
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loaded from:  {lm.source}")
     print(f"cache folder: {default_cache_dir()}")
     print(f"device:       {lm.device}, decode format {lm.precision} (--precision or STREAMLAB_DTYPE picks another)")
+    if lm.device.type == "cpu":
+        choice = cpu_default()
+        print(f"cpu:          {cpu_kinds.features_line()}")
+        print(f"default here: {choice.format}, {choice.why}"
+              + ("" if lm.name == DEFAULT_MODEL else f" (for the embedded model; {lm.name} keeps float32 until measured)"))
     print(f"imports:      {imports:.2f} s (transformers, once per process)")
     print(f"load time:    {lm.load_seconds:.2f} s (tokenizer + weights{' from the cache' if lm.name == DEFAULT_MODEL else ''})")
 

@@ -237,11 +237,17 @@ def precisions() -> list[str]:
     return [*format_names(), "float16"]
 
 
-# The CPU default for the embedded model, chosen by benchmarks/decode_formats.py's rule (the fastest
-# decode whose first token is at most 10% slower than float32's and whose perplexity is within 2% of it),
-# measured side by side on this course's 2-core machines: see docs/model.md for the run and its figures.
-# A model the benchmark has not measured (STREAMLAB_MODEL) keeps float32 until someone measures it.
-CPU_DEFAULT = "split-int4"
+def cpu_default() -> Any:
+    """The embedded model's default format on this CPU, and why (a ``streamlab.model.cpu_kinds.Choice``).
+
+    benchmarks/decode_formats.py's rule (the fastest decode whose first token is at most 10% slower than
+    float32's and whose perplexity is within 2% of it) applied to what was measured on a CPU of this kind
+    (AMX, AVX-512, AVX2); a kind never measured gets what passes the rule on all that were. A model the
+    benchmark has not measured (STREAMLAB_MODEL) keeps float32 until someone measures it.
+    """
+    from streamlab.model import cpu_kinds
+
+    return cpu_kinds.default_for(cpu_kinds.cpu_kind())
 
 
 def pick_precision(device: Any, name: str | None = None, *, measured: bool = True) -> str:
@@ -252,7 +258,7 @@ def pick_precision(device: Any, name: str | None = None, *, measured: bool = Tru
     halves the bytes each token reads, int8 and int4 quarter and eighth them,
     and the ``split`` formats read the prompt in float32 and decode narrow, so
     the first token, what a streaming reader waits for, is not slowed by the
-    narrow format. The default: float16 on a GPU; on a CPU :data:`CPU_DEFAULT`
+    narrow format. The default: float16 on a GPU; on a CPU :func:`cpu_default`
     for the model it was measured on (``measured``), float32 for any other.
     """
     where = f"--precision {name!r}" if name else f"STREAMLAB_DTYPE={os.environ.get('STREAMLAB_DTYPE')!r}"
@@ -260,7 +266,7 @@ def pick_precision(device: Any, name: str | None = None, *, measured: bool = Tru
     if not name:
         if device.type != "cpu":
             return "float16"
-        return CPU_DEFAULT if measured else "float32"
+        return cpu_default().format if measured else "float32"
     valid = precisions()
     if name not in valid:
         raise ModelError(f"{where} is not a format streamlab knows; valid: {', '.join(valid)}")

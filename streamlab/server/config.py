@@ -175,8 +175,8 @@ COMMAND = Settings(
             show="$STREAMLAB_MODEL, else the embedded model", field=False),
     Setting("precision", None, "", "the decode format the model runs in: float32, bfloat16, int8, int4, split-int8,"
             " split-int4, split-bfloat16 (split: the prompt read in float32, tokens decoded narrow; docs/model.md"
-            " measures them)", metavar="FORMAT", show="$STREAMLAB_DTYPE, else split-int4 for the embedded model on a"
-            " CPU, float32 for another, float16 on a GPU", field=False),
+            " measures them)", metavar="FORMAT", show="$STREAMLAB_DTYPE, else the one measured best on this kind of CPU"
+            " for the embedded model (make info says which), float32 for another, float16 on a GPU", field=False),
     Setting("upstream", None, "", "relay to this OpenAI-compatible server (vLLM, llama.cpp, Ollama, streamlab) instead"
             " of loading a model; its API key, if it needs one, from $STREAMLAB_UPSTREAM_KEY", metavar="URL",
             show="none: load a model", field=False),
