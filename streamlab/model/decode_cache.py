@@ -46,9 +46,13 @@ def read(folder: Path, weights: str) -> dict[str, torch.Tensor] | None:
 
     path = cache_path(folder, weights)
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except (OSError, SafetensorError):
         return None
+    # Each tensor sits where the file put it, at any byte offset; the AVX-512 int4 kernel reads its operands
+    # with aligned loads and dies with a general protection fault on one that is not (a 30-reader batch did).
+    # A copy gets torch's own allocation, aligned to 64 bytes.
+    return {name: tensor.clone() for name, tensor in tensors.items()}
 
 
 def write(folder: Path, weights: str, tensors: dict[str, torch.Tensor]) -> Path | None:
