@@ -240,6 +240,7 @@ class Int4Linear(nn.Module):
 
     GROUP = 32
     ROWS = 16  # the CPU kernel packs output channels sixteen at a time
+    BUFFERS = {"weight_int4": torch.uint8, "scales_and_zeros": torch.bfloat16}
 
     @classmethod
     def fits(cls, linear: nn.Linear) -> bool:
@@ -258,7 +259,7 @@ class Int4Linear(nn.Module):
             # [in // group, out, 2]: each group's scale and zero side by side, as the kernel reads them.
             packed = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous().to(torch.bfloat16)
             stored = {"weight_int4": weight, "scales_and_zeros": packed}
-        _check_stored(stored, {"weight_int4": torch.uint8, "scales_and_zeros": torch.bfloat16}, {
+        _check_stored(stored, self.BUFFERS, {
             "weight_int4": (linear.out_features, linear.in_features // (2 if self._kernel else 1)),
             "scales_and_zeros": (linear.in_features // self.GROUP, linear.out_features, 2)})
         self.register_buffer("weight_int4", stored["weight_int4"].to(device))
