@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> Report:
     })
     print(f"model {lm.name}, torch {torch.__version__} with {torch.get_num_threads()} threads; "
           f"{load_note()}; CPU {cpu_kinds.features_line()}", flush=True)
-    runners = {name: make_runner(lm.model, name) for name in names}
+    runners = {name: make_runner(lm.model, name, cache=lm.narrow_cache) for name in names}
     engine = start_engine(args.no_engine, torch.get_num_threads())
 
     # First calls pay for allocations and kernel set-up: a prompt of another length, a few steps, untimed.

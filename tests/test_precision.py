@@ -182,7 +182,7 @@ def lm():
 
 @pytest.fixture(scope="module")
 def runners(lm):
-    return {name: make_runner(lm.model, name) for name in FORMATS}
+    return {name: make_runner(lm.model, name, cache=lm.narrow_cache) for name in FORMATS}
 
 
 @pytest.fixture(scope="module")

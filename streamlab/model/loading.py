@@ -173,6 +173,11 @@ class LoadedModel:
     runner: Any = field(default=None, repr=False)
 
     @property
+    def narrow_cache(self) -> Path | None:
+        """Where this model's int8 and int4 copies are kept, for :func:`streamlab.model.precision.make_runner`."""
+        return narrow_cache(self.name, self.source, self.device)
+
+    @property
     def context_length(self) -> int | None:
         """The model's context window in tokens, or None when it does not say.
 
@@ -404,6 +409,16 @@ def _import_model_code(source: str) -> None:
         pass  # from_pretrained below reports real problems with a clear message
 
 
+def narrow_cache(display: str, source: str, device: Any) -> Path | None:
+    """Where a model's int8 and int4 copies are kept (streamlab.model.decode_cache), or None: not kept.
+
+    The embedded model's own converted folder, on a CPU: the folder belongs to
+    those very weights, so what was made from them once can be read back. A
+    model from the hub or a folder of the user's is converted at every load.
+    """
+    return Path(source) if display == DEFAULT_MODEL and device.type == "cpu" else None
+
+
 _LOADED: dict[tuple[str, str], LoadedModel] = {}
 _LOAD_LOCK = threading.Lock()
 
@@ -454,10 +469,8 @@ def load_model(
         if fmt == "float16":  # a dtype to load in, not a format to convert to
             runner = Runner(Format("float16", "float16", "float16", "half precision, as loaded"), model)
         else:
-            # int8, int4 and the splits convert here; the embedded model's narrow weights are kept in its own
-            # converted folder, per CPU kernel kind (streamlab.model.decode_cache), so later loads only read them.
-            ours = display == DEFAULT_MODEL and dev.type == "cpu"
-            model, runner = prepare_model(model, fmt, cache=Path(source) if ours else None)
+            # int8, int4 and the splits convert here (or read what an earlier load converted).
+            model, runner = prepare_model(model, fmt, cache=narrow_cache(display, source, dev))
         loaded = LoadedModel(
             name=display,
             tokenizer=tokenizer,

@@ -454,20 +454,20 @@ class Runner:
         return f"<Runner {self.format.name}: prefill {self.format.prefill}, decode {self.format.decode}>"
 
 
-def make_runner(model: nn.Module, name: str | Format) -> Runner:
+def make_runner(model: nn.Module, name: str | Format, *, cache: Path | None = None) -> Runner:
     """A :class:`Runner` for the named format from a loaded float32 ``model`` (left as it is).
 
     Formats that need other weights build them as copies, so one float32
     model can back every format in the same process (the benchmark measures
-    them side by side that way).
+    them side by side that way). ``cache``: as for :func:`convert_weights`.
     """
     fmt = get_format(name)
     if fmt.prefill == "float32" and fmt.decode == "float32":
         return Runner(fmt, model)
-    prefill = model if fmt.prefill == "float32" else convert_weights(model, fmt.prefill)
+    prefill = model if fmt.prefill == "float32" else convert_weights(model, fmt.prefill, cache=cache)
     if not fmt.split:
         return Runner(fmt, prefill)
-    return Runner(fmt, prefill, convert_weights(model, fmt.decode))
+    return Runner(fmt, prefill, convert_weights(model, fmt.decode, cache=cache))
 
 
 def _routed(runner: Runner, original: Callable[..., Any]) -> Callable[..., Any]:
