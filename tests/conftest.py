@@ -19,12 +19,12 @@ from streamlab.lab import runner
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n 2 --dist loadgroup`` (make test), the chapters run one after another on one worker.
+    """Under ``pytest -n 3 --dist loadgroup`` (make test), the chapters run one after another on one worker.
 
     Each chapter keeps a model busy for most of its run; two at once on two
     cores would each take twice as long and stretch the timings they print.
-    Everything else is spread over both workers around them: most of it waits
-    on sockets and timers, not on the CPU.
+    Everything else is spread over the other workers around them: most of it
+    waits on sockets and timers, not on the CPU.
     """
     for item in items:
         if item.get_closest_marker("notebook"):

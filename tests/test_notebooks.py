@@ -18,7 +18,8 @@ QUICK: dict[str, dict] = {
     "01_split_characters": {"cost_lengths": [128, 512], "generate_tokens": 60},  # 30 ends inside an emoji (a broken tail)
     "02_three_ways": {"n_prompts": 2, "max_tokens": 60},
     "03_bytes_on_the_wire": {"n_prompts": 1, "max_tokens": 30},
-    "04_the_reader": {"n_prompts": 2, "max_tokens": 40, "wpm": 300.0},  # not 238: every figure must follow wpm
+    # Chapter 3's sizes, so that in one folder chapter 4 reads the answers chapter 3 made (test_04_the_reader).
+    "04_the_reader": {"n_prompts": 1, "max_tokens": 30, "wpm": 300.0},  # not 238: every figure must follow wpm
     "05_when_the_user_leaves": {"max_tokens": 40, "leave_after": 10},
     "06_the_proxy": {"max_tokens": 40, "leave_after": 10, "pause_after": 3, "pause_seconds": 2.0,
                      "idle_timeout": 1.0, "ping_interval": 0.3, "stop_rounds": 2},
@@ -177,8 +178,14 @@ def test_02_three_ways(tmp_path):
     assert sock["client_opcode"] == 1 and sock["client_payload_is_request"] is True and sock["server_masked"] is False
 
 
-def test_03_bytes_on_the_wire(tmp_path):
-    f = run_chapter("03_bytes_on_the_wire", tmp_path)
+@pytest.fixture(scope="module")
+def book_of_3_and_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build folder for chapters 3 and 4: the answers 3 makes alone, 4 reads back (as in ``make run``)."""
+    return tmp_path_factory.mktemp("book-3-4")
+
+
+def test_03_bytes_on_the_wire(book_of_3_and_4):
+    f = run_chapter("03_bytes_on_the_wire", book_of_3_and_4)
     sizes = f["bytes_per_event"]
     assert f["smallest"] == "WebSocket frame" and f["largest"] == "OpenAI chat.completion.chunk"
     assert sizes["WebSocket frame"] < sizes["streamlab SSE event"] < sizes["Anthropic content_block_delta"]
@@ -187,8 +194,9 @@ def test_03_bytes_on_the_wire(tmp_path):
     assert f["source"] == "generated here"  # alone, it makes the answers itself
 
 
-def test_04_the_reader(tmp_path):
-    f = run_chapter("04_the_reader", tmp_path)
+def test_04_the_reader(book_of_3_and_4):
+    f = run_chapter("04_the_reader", book_of_3_and_4)
+    assert f["source"].startswith("recorded by chapter 3"), "read back, not generated a second time"
     from streamlab.book.plots import READING_THRESHOLD
 
     assert 1.0 < f["tokens_per_word"] < 2.0 and f["wpm"] == 300.0
