@@ -179,13 +179,17 @@ def test_02_three_ways(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def book_of_3_and_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One build folder for chapters 3 and 4: the answers 3 makes alone, 4 reads back (as in ``make run``)."""
-    return tmp_path_factory.mktemp("book-3-4")
+def book_of_3_and_4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One build folder for chapters 3 and 4, chapter 3 executed in it: 4 reads its answers back, as in ``make run``.
+
+    A fixture, not an order of tests: whichever of the two runs first, chapter 3 has run alone before 4.
+    """
+    folder = tmp_path_factory.mktemp("book-3-4")
+    return folder, run_chapter("03_bytes_on_the_wire", folder)
 
 
 def test_03_bytes_on_the_wire(book_of_3_and_4):
-    f = run_chapter("03_bytes_on_the_wire", book_of_3_and_4)
+    f = book_of_3_and_4[1]
     sizes = f["bytes_per_event"]
     assert f["smallest"] == "WebSocket frame" and f["largest"] == "OpenAI chat.completion.chunk"
     assert sizes["WebSocket frame"] < sizes["streamlab SSE event"] < sizes["Anthropic content_block_delta"]
@@ -195,7 +199,7 @@ def test_03_bytes_on_the_wire(book_of_3_and_4):
 
 
 def test_04_the_reader(book_of_3_and_4):
-    f = run_chapter("04_the_reader", book_of_3_and_4)
+    f = run_chapter("04_the_reader", book_of_3_and_4[0])
     assert f["source"].startswith("recorded by chapter 3"), "read back, not generated a second time"
     from streamlab.book.plots import READING_THRESHOLD
 
