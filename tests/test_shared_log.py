@@ -34,7 +34,7 @@ SCRIPT = "One answer, many servers: every piece in one shared log. " * 4
 def fake_redis(monkeypatch: pytest.MonkeyPatch) -> object:
     server = fakeredis.FakeServer()
 
-    def open_client(url: str) -> object:
+    def open_client(url: str, longest_block: float = 0) -> object:
         return fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
 
     for module in (shared_log, worker, replicas):
@@ -193,3 +193,14 @@ def test_the_kill_chart_can_be_read_at_the_notebooks_width() -> None:
     notes = [t.get_text() for t in ax.texts]
     assert "reconnected: +1.20 s" in notes and "then 404: the rest lost" in notes
     assert len(ax.get_lines()) >= 4 and ax.get_xlabel() and ax.get_ylabel()  # two readers, two kills, the answer
+
+
+def test_a_redis_client_waits_longer_than_the_longest_block_it_sends() -> None:
+    """redis-py 8 reads with a 5 s timeout: a reader's XREAD BLOCK of a 15 s ping interval died at 5 s of silence."""
+    def timeout(client: object) -> object:
+        return client.connection_pool.connection_kwargs["socket_timeout"]
+
+    assert timeout(shared_log.open_client(URL, 15.0)) == 15.0 + shared_log.ANSWER_MARGIN
+    assert timeout(shared_log.open_client(URL)) == shared_log.CANCEL_WAIT + shared_log.ANSWER_MARGIN
+    assert timeout(shared_log.open_client(URL, 0)) is None, "XREAD BLOCK 0 waits for ever: so does its read"
+

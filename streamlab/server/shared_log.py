@@ -69,14 +69,25 @@ def decode_entry(fields: dict[str, str]) -> tuple[str, Any, int]:
     return fields["e"], json.loads(fields["d"]), int(fields.get("n", 0))
 
 
-def open_client(url: str) -> Any:
-    """A redis-py asyncio client for ``url`` (replies decoded as text); the tests swap in a fake."""
+# How long Redis may take to answer once a blocking read's time is up (redis-py's own default timeout).
+ANSWER_MARGIN = 5.0
+
+
+def open_client(url: str, longest_block: float = CANCEL_WAIT) -> Any:
+    """A redis-py asyncio client for ``url`` (replies decoded as text); the tests swap in a fake.
+
+    Its read timeout outlasts the longest ``XREAD BLOCK`` it will send (``longest_block`` seconds, 0:
+    forever) by :data:`ANSWER_MARGIN`. redis-py 8 reads with a 5 s timeout by default, so a reader's stream
+    silent for 5 s (a long prompt, a queue, a worker slowed down) ended in a ``TimeoutError`` where the
+    block it asked for was the 15 s between pings.
+    """
     try:
         import redis.asyncio as aioredis
     except ImportError:
         raise UserError("--events redis://...: redis-py is not installed here (pip install redis)") from None
+    timeout = None if longest_block <= 0 else longest_block + ANSWER_MARGIN
     try:
-        return aioredis.from_url(url, decode_responses=True)
+        return aioredis.from_url(url, decode_responses=True, socket_timeout=timeout)
     except ValueError as err:
         raise UserError(f"--events {url}: {err} (give redis://HOST:PORT)") from None
 
@@ -106,7 +117,8 @@ class SharedRegistry:
 
     @classmethod
     async def open(cls, url: str, config: ServerConfig, served_by: str = "") -> "SharedRegistry":
-        redis = open_client(url)
+        # follow() blocks for a ping interval (0: until an entry comes), a cancel for CANCEL_WAIT.
+        redis = open_client(url, max(config.ping_interval, CANCEL_WAIT) if config.ping_interval > 0 else 0)
         try:
             await redis.ping()
             await ensure_group(redis)
