@@ -75,3 +75,22 @@ def test_the_exercises_page_says_which_chapters_have_one():
     if without:
         assert re.search(r"chapters? " + r"\D+".join(str(n) for n in without) + r"\b[^.]*no exercise", prose(
             REPO / "notebooks" / "exercises" / "README.md")), f"say that chapters {without} have no exercise yet"
+
+
+def test_the_server_page_lists_every_route_and_field_from_their_declarations():
+    """docs/server.md's route and field tables are rendered from ``ROUTES`` and the schemas: stale is a failure."""
+    from streamlab.net import settings
+    from streamlab.server.api_docs import ROUTE_FIELDS, SCHEMAS
+    from streamlab.server.app import ROUTES
+
+    text = (REPO / "docs" / "server.md").read_text(encoding="utf-8")
+    for kind in ("routes", "fields"):
+        assert f"<!-- {kind}: streamlab.server.api_docs -->" in text, f"docs/server.md lost its {kind} block"
+    assert settings.refresh(text) == text, (
+        "docs/server.md is stale: regenerate it with `.venv/bin/python -m streamlab.net.settings docs/server.md`")
+    for path, methods in ROUTES:
+        for method in methods:
+            assert f"| `{method} {path}` |" in text
+    for schema in SCHEMAS:
+        assert all(f"| `{field.name}` |" in text for field in schema.fields)
+    assert set(ROUTE_FIELDS.values()) == set(SCHEMAS)

@@ -202,7 +202,7 @@ def test_help_shows_every_default_and_unit(program):
 def test_the_limits_page_has_a_fresh_block_for_each_program(program):
     module, groups = PROGRAMS[program]
     text = LIMITS_PAGE.read_text(encoding="utf-8")
-    blocks = {match[2]: match[3] for match in settings.MARKERS.finditer(text)}
+    blocks = {match[3]: match[4] for match in settings.MARKERS.finditer(text) if match[2] == "settings"}
     assert module.__name__ in blocks, f"docs/limits.md has no <!-- settings: {module.__name__} --> block"
     assert blocks[module.__name__] == "\n" + markdown_table(*module.SETTINGS) + "\n", (
         "docs/limits.md is stale: regenerate it with `.venv/bin/python -m streamlab.net.settings docs/limits.md`"

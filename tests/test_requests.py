@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlab.protocol.http_head import HTTPError
-from streamlab.server.requests import check_context, json_depth, load_json, parse_generation_request
+from streamlab.server.requests import STREAM, WS_MESSAGE, check_context, json_depth, load_json, parse_generation_request
 
 
 def test_request_defaults():
@@ -24,8 +24,33 @@ def test_request_defaults():
     )
 
 
-def test_request_ignores_unknown_keys():
-    assert parse_generation_request('{"prompt": "Hi", "model": "gpt", "stream": true}').prompt == "Hi"
+def test_an_unknown_field_is_refused_naming_it_and_the_nearest_known_one():
+    with pytest.raises(HTTPError) as info:
+        parse_generation_request('{"prompt": "Hi", "max_token": 3}')
+    assert info.value.status == 400
+    assert "'max_token'" in info.value.message and "did you mean 'max_tokens'?" in info.value.message
+
+
+def test_an_unknown_field_with_no_near_name_is_refused_with_the_fields_the_route_takes():
+    with pytest.raises(HTTPError) as info:
+        parse_generation_request('{"prompt": "Hi", "model": "gpt", "stream": true}')
+    assert "'model'" in info.value.message and "1 more unknown" in info.value.message
+    assert all(name in info.value.message for name in STREAM.known)
+
+
+def test_keep_open_belongs_to_the_websocket_message_only():
+    assert parse_generation_request('{"prompt": "Hi", "keep_open": true}', WS_MESSAGE).keep_open
+    with pytest.raises(HTTPError, match="keep_open"):
+        parse_generation_request('{"prompt": "Hi", "keep_open": true}')
+
+
+def test_every_declared_field_reaches_the_request():
+    body = {"prompt": "Hi", "max_tokens": 7, "seed": 3, "chat": False, "ignore_eos": True, "temperature": 0.0,
+            "top_p": 0.5, "stop": ["x"], "conversation_id": "abc"}
+    assert set(body) == set(STREAM.known)
+    req = parse_generation_request(json.dumps(body))
+    assert (req.prompt, req.max_tokens, req.seed, req.chat, req.ignore_eos, req.temperature, req.top_p, req.stop,
+            req.conversation_id) == ("Hi", 7, 3, False, True, 0.0, 0.5, ("x",), "abc")
 
 
 @pytest.mark.parametrize(

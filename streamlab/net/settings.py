@@ -20,6 +20,9 @@ stands between them (``--check``: only say whether it is stale)::
     <!-- settings: streamlab.server.config -->
     ... generated ...
     <!-- /settings -->
+
+Other kinds of block name a module that writes its own Markdown
+(``<!-- routes: streamlab.server.api_docs -->``: its ``routes_markdown()``).
 """
 
 from __future__ import annotations
@@ -301,15 +304,24 @@ def markdown_table(*groups: Settings) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-MARKERS = re.compile(r"(<!-- settings: *([\w.]+) *-->\n)(.*?)(<!-- /settings -->)", re.S)
+MARKERS = re.compile(r"(<!-- (\w+): *([\w.]+) *-->\n)(.*?)(<!-- /\2 -->)", re.S)
+
+
+def render_block(kind: str, module_name: str) -> str:
+    """What a ``<!-- KIND: MODULE -->`` block holds: ``settings``, the module's ``SETTINGS`` as tables; any
+    other kind, what the module's ``KIND_markdown()`` writes (the server's routes and request fields)."""
+    module = importlib.import_module(module_name)
+    if kind == "settings":
+        groups: Sequence[Settings] = module.SETTINGS
+        return markdown_table(*groups)
+    return getattr(module, f"{kind}_markdown")()
 
 
 def refresh(page: str) -> str:
     """``page`` with every marked block rendered afresh from the module its marker names."""
 
     def render(match: re.Match[str]) -> str:
-        groups: Sequence[Settings] = importlib.import_module(match[2]).SETTINGS
-        return match[1] + "\n" + markdown_table(*groups) + "\n" + match[4]
+        return match[1] + "\n" + render_block(match[2], match[3]) + "\n" + match[5]
 
     return MARKERS.sub(render, page)
 
@@ -324,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     for page in args.pages:
         text = page.read_text(encoding="utf-8")
         if not MARKERS.search(text):
-            p.error(f"{page}: no <!-- settings: MODULE --> ... <!-- /settings --> block")
+            p.error(f"{page}: no <!-- KIND: MODULE --> ... <!-- /KIND --> block")
         fresh = refresh(text)
         if fresh != text:
             stale.append(page)

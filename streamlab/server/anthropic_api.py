@@ -20,18 +20,8 @@ from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.events import Event
 from streamlab.server.formats import Format
 from streamlab.server.jobs import Job, Ticket
-from streamlab.server.requests import (
-    GenerationRequest,
-    bad,
-    boolean_field,
-    content_text,
-    integer_field,
-    json_object,
-    last_user_text,
-    number_field,
-    stop_field,
-    transcript,
-)
+from streamlab.server.fields import REQUIRED, Field, Schema, bad
+from streamlab.server.requests import GenerationRequest, content_text, json_object, last_user_text, stop_field, transcript
 
 ROLES = {"user": "user", "assistant": "assistant"}
 STOP_REASONS = {EOS: "end_turn", STOP_SEQUENCE: "stop_sequence", MAX_TOKENS: "max_tokens"}
@@ -39,27 +29,58 @@ ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_
                413: "request_too_large", 415: "invalid_request_error", 503: "overloaded_error"}
 
 
+def _no_tools(value: object, name: str) -> None:
+    if value:
+        raise bad(f"{name} are not supported by this server")
+
+
+def _model(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise bad(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+MESSAGES = Schema(
+    "POST /v1/messages",
+    Field("messages", "list of messages", "the conversation, `user` and `assistant` turns; the last user message is"
+          " what the store keeps", REQUIRED, parse=lambda value, name: transcript(value, ROLES, name)),
+    Field("max_tokens", "integer", "the most tokens to generate (required, as Anthropic requires it)", REQUIRED,
+          1, 4096),
+    Field("model", "string", "any name: the response's `model` names the model this server has", None,
+          parse=_model, null_default=True),
+    Field("system", "string or list of text blocks", "the system prompt, read before the messages", None,
+          parse=content_text, null_default=True),
+    Field("temperature", "number", "sampling temperature", 1.0, 0.0, 1.0, null_default=True),
+    Field("top_p", "number", "nucleus sampling", 1.0, 0.0, 1.0, low_open=True, null_default=True),
+    Field("stop_sequences", "list of strings", "stop sequences: the answer ends before the first one", (),
+          parse=stop_field, null_default=True, show="none"),
+    Field("stream", "boolean", "stream the Messages events, else one `message`", False, null_default=True),
+    Field("seed", "integer", "the sampling seed (streamlab's own: Anthropic's API has none)", 0, 0, 2**63 - 1,
+          null_default=True),
+    Field("tools", "list", "refused (400) unless empty: this server reads and writes text only", None,
+          parse=_no_tools, null_default=True, show="none"),
+    ignored=("metadata", "top_k", "tool_choice", "thinking", "service_tier", "container", "mcp_servers",
+             "context_management"),
+)
+
+
 def parse_request(body: bytes | str) -> GenerationRequest:
     """A Messages request: ``max_tokens`` is required, as Anthropic requires it; ``system`` goes first."""
-    obj = json_object(body)
-    if obj.get("max_tokens") is None:
-        raise bad("max_tokens is required")
-    messages = transcript(obj.get("messages"), ROLES)
-    system = obj.get("system")
-    if system is not None:
-        messages = ({"role": "system", "content": content_text(system, "system")}, *messages)
-    if obj.get("tools"):
-        raise bad("tools are not supported by this server")
+    values, ignored = MESSAGES.read(json_object(body))
+    messages = values["messages"]
+    if values["system"] is not None:
+        messages = ({"role": "system", "content": values["system"]}, *messages)
     return GenerationRequest(
         prompt=last_user_text(messages),
         messages=messages,
-        max_tokens=integer_field(obj, "max_tokens", 0, 1, 4096),
-        seed=integer_field(obj, "seed", 0, 0, 2**63 - 1) if obj.get("seed") is not None else 0,
-        temperature=number_field(obj, "temperature", 1.0, 0.0, 1.0) if obj.get("temperature") is not None else 1.0,
-        top_p=number_field(obj, "top_p", 1.0, 0.0, 1.0, low_open=True) if obj.get("top_p") is not None else 1.0,
-        stop=stop_field(obj.get("stop_sequences"), "stop_sequences"),
-        stream=boolean_field(obj, "stream", False),
-        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        max_tokens=values["max_tokens"],
+        seed=values["seed"],
+        temperature=values["temperature"],
+        top_p=values["top_p"],
+        stop=values["stop_sequences"],
+        stream=values["stream"],
+        model=values["model"],
+        ignored=ignored,
     )
 
 

@@ -29,6 +29,7 @@ from streamlab.server.sources import gateway_failure, source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
 from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, busy, error_body, title
+from streamlab.server.fields import ignored_header
 from streamlab.server.requests import GenerationRequest, parse_generation_request
 from streamlab.server.resumable import Registry
 from streamlab.server.shared_log import SharedRegistry
@@ -63,6 +64,39 @@ def error_format(path: str) -> Any:
     return None
 
 
+# Every route, declared once: the server's table, docs/server.md's and a 404's hint all read this.
+# Each handler's docstring opens with its route and what it does (the docs' words).
+ROUTES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("/complete", {"POST": "complete"}),
+    ("/stream", {"POST": "stream"}),
+    ("/v1/chat/completions", {"POST": "chat_completions"}),
+    ("/v1/messages", {"POST": "messages"}),
+    ("/v1/models", {"GET": "models"}),
+    ("/ws", {"GET": "websocket"}),
+    ("/log", {"GET": "get_log"}),
+    ("/log/{id}", {"GET": "get_log_record"}),
+    ("/health", {"GET": "health"}),
+    ("/debug/queues", {"GET": "debug_queues"}),
+    ("/generations", {"POST": "create_generation"}),
+    ("/generations/{id}", {"GET": "get_generation"}),
+    ("/generations/{id}/events", {"GET": "generation_events"}),
+    ("/generations/{id}/cancel", {"POST": "cancel_generation"}),
+    ("/conversations", {"GET": "get_conversations"}),
+    ("/conversations/{id}", {"GET": "get_conversation"}),
+    ("/", {"GET": "index"}),
+    ("/static/{name}", {"GET": "static"}),
+    ("/static/{folder}/{name}", {"GET": "static"}),
+)
+
+
+def not_found(path: str) -> HTTPError:
+    """A 404 that says where to go: under ``/v1/``, the API routes this server does speak."""
+    if path.startswith("/v1/"):
+        spoken = ", ".join(p for p, _ in ROUTES if p.startswith("/v1/"))
+        return HTTPError(404, f"no route for {path}: this server speaks {spoken}")
+    return HTTPError(404, f"no route for {path}")
+
+
 class Server:
     """Routes, generations and their log, behind one listening socket."""
 
@@ -70,27 +104,8 @@ class Server:
         """``lm``: a loaded model (or a fake one), or a token source (``sources.UpstreamSource`` to relay)."""
         self.source = source_for(lm)
         self.config = config or ServerConfig()
-        self.routes = [
-            Route("/complete", {"POST": self.complete}),
-            Route("/stream", {"POST": self.stream}),
-            Route("/v1/chat/completions", {"POST": self.chat_completions}),
-            Route("/v1/messages", {"POST": self.messages}),
-            Route("/v1/models", {"GET": self.models}),
-            Route("/ws", {"GET": self.websocket}),
-            Route("/log", {"GET": self.get_log}),
-            Route("/log/{id}", {"GET": self.get_log_record}),
-            Route("/health", {"GET": self.health}),
-            Route("/debug/queues", {"GET": self.debug_queues}),
-            Route("/generations", {"POST": self.create_generation}),
-            Route("/generations/{id}", {"GET": self.get_generation}),
-            Route("/generations/{id}/events", {"GET": self.generation_events}),
-            Route("/generations/{id}/cancel", {"POST": self.cancel_generation}),
-            Route("/conversations", {"GET": self.get_conversations}),
-            Route("/conversations/{id}", {"GET": self.get_conversation}),
-            Route("/", {"GET": self.index}),
-            Route("/static/{name}", {"GET": self.static}),
-            Route("/static/{folder}/{name}", {"GET": self.static}),
-        ]
+        self.routes = [Route(path, {method: getattr(self, name) for method, name in methods.items()})
+                       for path, methods in ROUTES]
         self._store: Store | None = None  # opened by start(), with jobs and the registry
         self.jobs: Jobs | None = None
         self.registry: Registry | SharedRegistry | None = None
@@ -275,7 +290,7 @@ class Server:
                 self.guards.check_json(request)
                 self.guards.check_origin(request)
             return handler, params
-        raise HTTPError(404, f"no route for {request.path}")
+        raise not_found(request.path)
 
     async def _body(self, client: ClientConnection, request: Request) -> bytes:
         return await client.read_body(request, max_body=self.config.max_body, timeout=self.config.body_timeout)
@@ -337,7 +352,8 @@ class Server:
             if status >= 500:
                 await responses.refuse(client, status, "", job.headers(), lambda *_: body)
                 return False
-            keep_alive = await responses.respond_json(client, request, body, job.headers(), status=status)
+            headers = job.headers() + ignored_header(req.ignored)
+            keep_alive = await responses.respond_json(client, request, body, headers, status=status)
             job.record.pieces_sent = 1
             return keep_alive
         except ClientGone as gone:
@@ -355,7 +371,8 @@ class Server:
         """
         jobs = self.jobs
         ticket = jobs.admit(request.path, req)
-        stream = EventStream(client, request, headers=ticket.headers(), accel_header=self.config.accel_header)
+        said = ignored_header(req.ignored)
+        stream = EventStream(client, request, headers=ticket.headers() + said, accel_header=self.config.accel_header)
         job = None
         try:
             if not await wait_in_line(jobs, ticket, stream, fmt):
@@ -366,7 +383,7 @@ class Server:
                 return await self._gateway_refusal(client, request, job, failure)
             async with jobs.watching(client, job):
                 if not stream.opened:
-                    stream.headers = job.headers()
+                    stream.headers = job.headers() + said
                     await stream.open()
                 await stream.pump(format_events(jobs, job, fmt, self.config.ping_interval))
             await stream.close()

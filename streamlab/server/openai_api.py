@@ -24,17 +24,8 @@ from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.events import Event
 from streamlab.server.formats import Format
 from streamlab.server.jobs import Job, Ticket
-from streamlab.server.requests import (
-    GenerationRequest,
-    bad,
-    boolean_field,
-    integer_field,
-    json_object,
-    last_user_text,
-    number_field,
-    stop_field,
-    transcript,
-)
+from streamlab.server.fields import REQUIRED, Field, Schema, bad
+from streamlab.server.requests import GenerationRequest, json_object, last_user_text, stop_field, transcript
 
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context": a CPU should not start there
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -43,34 +34,83 @@ ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_
                413: "invalid_request_error", 415: "invalid_request_error", 503: "server_error"}
 
 
+def _one(value: object, name: str) -> int:
+    if value != 1 or isinstance(value, bool):
+        raise bad(f"{name} must be 1: this server makes one answer per request")
+    return 1
+
+
+def _unsupported(value: object, name: str) -> None:
+    if value not in (None, False, [], {"type": "text"}):
+        raise bad(f"{name} is not supported by this server")
+
+
+def _stream_options(value: object, name: str) -> bool:
+    """``stream_options``: whether the stream ends with a usage chunk."""
+    if not isinstance(value, dict):
+        raise bad(f"{name} must be an object")
+    values, _ = STREAM_OPTIONS.read(value)
+    return values["include_usage"]
+
+
+def _model(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise bad(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+STREAM_OPTIONS = Schema("stream_options", Field("include_usage", "boolean", "", False),
+                        ignored=("include_obfuscation",))
+LENGTH = "the most tokens to generate"
+CHAT_COMPLETIONS = Schema(
+    "POST /v1/chat/completions",
+    Field("messages", "list of messages", "the conversation: `system`, `developer`, `user`, `assistant`; the last"
+          " user message is what the store keeps", REQUIRED, parse=lambda value, name: transcript(value, ROLES, name)),
+    Field("model", "string", "any name: the response's `model` names the model this server has", None,
+          parse=_model, null_default=True),
+    Field("max_completion_tokens", "integer", LENGTH, None, 1, 4096, null_default=True, show=f"`{DEFAULT_MAX_TOKENS}`"),
+    Field("max_tokens", "integer", LENGTH + " (the older name; `max_completion_tokens` wins)", None, 1, 4096,
+          null_default=True, show=f"`{DEFAULT_MAX_TOKENS}`"),
+    Field("seed", "integer", "the sampling seed", None, 0, 2**63 - 1, null_default=True,
+          show="random: a new answer each time"),
+    Field("temperature", "number", "sampling temperature", 1.0, 0.0, 2.0, null_default=True),
+    Field("top_p", "number", "nucleus sampling", 1.0, 0.0, 1.0, low_open=True, null_default=True),
+    Field("stop", "string or list of strings", "at most 4 stop sequences", (), null_default=True, show="none",
+          parse=lambda value, name: stop_field(value, name, most=4)),
+    Field("stream", "boolean", "stream `chat.completion.chunk` events, else one `chat.completion`", False,
+          null_default=True),
+    Field("stream_options", "object", "`include_usage`: end the stream with a usage chunk", False,
+          parse=_stream_options, null_default=True, show="none"),
+    Field("n", "integer", "how many answers: only 1", 1, parse=_one, null_default=True),
+    Field("ignore_eos", "boolean", "vLLM's extension: generate to exactly the length asked", False, null_default=True),
+    *(Field(name, "any", "refused (400) unless empty: this server reads and writes text only", None,
+            parse=_unsupported, show="none") for name in ("tools", "functions", "response_format", "logprobs")),
+    ignored=("frequency_penalty", "presence_penalty", "logit_bias", "top_logprobs", "user", "metadata", "store",
+             "service_tier", "parallel_tool_calls", "tool_choice", "function_call", "modalities", "audio",
+             "prediction", "reasoning_effort", "verbosity", "web_search_options", "prompt_cache_key",
+             "safety_identifier"),
+)
+
+
 def parse_request(body: bytes | str) -> GenerationRequest:
-    """A Chat Completions request, validated; unknown fields are ignored, as OpenAI-compatible servers do."""
-    obj = json_object(body)
-    messages = transcript(obj.get("messages"), ROLES)
-    if obj.get("n", 1) != 1:
-        raise bad("n must be 1: this server makes one answer per request")
-    for unsupported in ("tools", "functions", "response_format", "logprobs"):
-        if obj.get(unsupported) not in (None, False, [], {"type": "text"}):
-            raise bad(f"{unsupported} is not supported by this server")
-    limit = "max_completion_tokens" if obj.get("max_completion_tokens") is not None else "max_tokens"
-    options = obj.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad("stream_options must be an object")
-    seed = obj.get("seed")
+    """A Chat Completions request, validated: OpenAI's fields, those with no use here named back as ignored."""
+    values, ignored = CHAT_COMPLETIONS.read(json_object(body))
+    limit = values["max_completion_tokens"] or values["max_tokens"] or DEFAULT_MAX_TOKENS
+    messages = values["messages"]
     return GenerationRequest(
         prompt=last_user_text(messages),
         messages=messages,
-        max_tokens=integer_field(obj, limit, DEFAULT_MAX_TOKENS, 1, 4096) if obj.get(limit) is not None
-        else DEFAULT_MAX_TOKENS,
+        max_tokens=limit,
         # No seed: a different answer each time, as OpenAI's own sampling gives.
-        seed=secrets.randbits(63) if seed is None else integer_field(obj, "seed", 0, 0, 2**63 - 1),
-        temperature=number_field(obj, "temperature", 1.0, 0.0, 2.0) if obj.get("temperature") is not None else 1.0,
-        top_p=number_field(obj, "top_p", 1.0, 0.0, 1.0, low_open=True) if obj.get("top_p") is not None else 1.0,
-        stop=stop_field(obj.get("stop"), "stop", most=4),
-        stream=boolean_field(obj, "stream", False),
-        ignore_eos=boolean_field(obj, "ignore_eos", False),  # vLLM's extension, for experiments that need length
-        include_usage=boolean_field(options or {}, "include_usage", False),
-        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        seed=secrets.randbits(63) if values["seed"] is None else values["seed"],
+        temperature=values["temperature"],
+        top_p=values["top_p"],
+        stop=values["stop"],
+        stream=values["stream"],
+        ignore_eos=values["ignore_eos"],
+        include_usage=values["stream_options"],
+        model=values["model"],
+        ignored=ignored,
     )
 
 

@@ -10,13 +10,13 @@ against the model's context window.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.protocol.http_head import Request
 from streamlab.server.config import MAX_JSON_DEPTH
+from streamlab.server.fields import REQUIRED, Field, Schema, bad
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop sequences
     stream: bool = True  # the /v1 routes answer whole when false
     include_usage: bool = False  # OpenAI's stream_options.include_usage
-    model: str | None = None  # the model the client named (echoed back; we serve the one we have)
-
-
-def bad(message: str) -> HTTPError:
-    return HTTPError(400, message)
+    model: str | None = None  # the model the client named (the response names the one we have)
+    ignored: tuple[str, ...] = ()  # the API's fields the client sent that this server does nothing with
 
 
 def _refuse_constant(name: str) -> Any:
@@ -99,33 +96,6 @@ def json_object(body: bytes | str) -> dict:
     return obj
 
 
-def integer_field(obj: dict, name: str, default: int, low: int, high: int) -> int:
-    value = obj.get(name, default)
-    # bool is a subclass of int in Python, but `true` is not a number in JSON.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(f"{name} must be an integer, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise bad(f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-def number_field(obj: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
-    value = obj.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad(f"{name} must be a number, got {type(value).__name__}")
-    if not (low < value if low_open else low <= value) or value > high:
-        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise bad(f"{name} must be in {interval}, got {value}")
-    return float(value)
-
-
-def boolean_field(obj: dict, name: str, default: bool) -> bool:
-    value = obj.get(name, default)
-    if not isinstance(value, bool):
-        raise bad(f"{name} must be true or false, got {type(value).__name__}")
-    return value
-
-
 def text_field(value: Any, name: str, *, empty: bool = False) -> str:
     """A string of real Unicode (non-empty unless ``empty``); lengths are checked later, in tokens."""
     if value is None:
@@ -139,11 +109,6 @@ def text_field(value: Any, name: str, *, empty: bool = False) -> str:
     except UnicodeEncodeError:  # JSON may spell a lone surrogate: "\ud800"
         raise bad(f"{name} contains a lone surrogate, which is not Unicode text") from None
     return value
-
-
-def _prompt(obj: dict) -> str:
-    """A non-empty string of real Unicode; its length is checked later, in tokens (see ``check_context``)."""
-    return text_field(obj.get("prompt"), "prompt")
 
 
 MAX_STOP_SEQUENCES = 16
@@ -199,33 +164,44 @@ def last_user_text(messages: tuple[dict[str, str], ...]) -> str:
     return next(m["content"] for m in reversed(messages) if m["role"] == "user")
 
 
-def _conversation_id(obj: dict) -> str | None:
-    value = obj.get("conversation_id")
+def _conversation_id(value: Any, name: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", value):
-        raise bad("conversation_id must be an id returned by this server")
+        raise bad(f"{name} must be an id returned by this server")
     return value
 
 
-def parse_generation_request(body: bytes | str) -> GenerationRequest:
+_OURS = (
+    Field("prompt", "string", "what to answer (with `chat`, the user's message)", REQUIRED,
+          parse=lambda value, name: text_field(value, name)),
+    Field("max_tokens", "integer", "the most tokens to generate", 100, 1, 4096),
+    Field("seed", "integer", "the sampling seed: the same seed, the same answer", 0, 0, 2**63 - 1),
+    Field("chat", "boolean", "read the prompt through the model's chat template", True),
+    Field("ignore_eos", "boolean", "generate past the end-of-answer token, to exactly `max_tokens`", False),
+    Field("temperature", "number", "sampling temperature (0: greedy)", 0.7, 0.0, 2.0),
+    Field("top_p", "number", "nucleus sampling: the smallest set of tokens holding this much probability", 0.9,
+          0.0, 1.0, low_open=True),
+    Field("stop", "string or list of strings", f"stop sequences (at most {MAX_STOP_SEQUENCES}): the answer ends"
+          " before the first one", (), parse=stop_field, show="none"),
+    Field("conversation_id", "string", "continue this conversation (an id this server returned)", None,
+          parse=_conversation_id),
+)
+STREAM = Schema("POST /stream, /complete, /generations", *_OURS)
+WS_MESSAGE = Schema("a /ws request message", *_OURS, Field(
+    "keep_open", "boolean", "after `done`, wait on the same socket for another request instead of closing", False),
+    note="Sent as one text frame; while an answer streams, `{\"stop\": true}` stops it.")
+SCHEMAS = (STREAM, WS_MESSAGE)
+
+
+def parse_generation_request(body: bytes | str, schema: Schema = STREAM) -> GenerationRequest:
     """Validate a request strictly; raise ``HTTPError(400)`` with a message that names the field.
 
-    Unknown keys are ignored, so clients can send fields meant for other servers.
+    A field the route does not know is refused too, naming the nearest one it
+    does: a typo (``max_token``) must not pass for a request that says nothing.
     """
-    obj = json_object(body)
-    return GenerationRequest(
-        prompt=_prompt(obj),
-        max_tokens=integer_field(obj, "max_tokens", 100, 1, 4096),
-        seed=integer_field(obj, "seed", 0, 0, 2**63 - 1),
-        chat=boolean_field(obj, "chat", True),
-        ignore_eos=boolean_field(obj, "ignore_eos", False),
-        temperature=number_field(obj, "temperature", 0.7, 0.0, 2.0),
-        top_p=number_field(obj, "top_p", 0.9, 0.0, 1.0, low_open=True),
-        keep_open=boolean_field(obj, "keep_open", False),
-        conversation_id=_conversation_id(obj),
-        stop=stop_field(obj.get("stop"), "stop"),
-    )
+    values, _ = schema.read(json_object(body))
+    return GenerationRequest(**values)
 
 
 def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:

@@ -32,7 +32,7 @@ from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, SERVER_
 from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
 from streamlab.server.jobs import Job, Jobs, Ticket, delivered, error_body
-from streamlab.server.requests import parse_generation_request
+from streamlab.server.requests import WS_MESSAGE, parse_generation_request
 from streamlab.server.events import dumps
 
 TRY_AGAIN_LATER = 1013  # the IANA registry's close code for "overloaded, come back later"
@@ -188,7 +188,7 @@ class WebSocketSession:
     async def answer(self, text: str) -> bool:
         """Serve one request message; True if the client asked to keep the socket open for more."""
         try:
-            req = parse_generation_request(text)
+            req = parse_generation_request(text, WS_MESSAGE)
             ticket = self.ticket = self.jobs.admit("/ws", req, self.take_id())
         except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
             await self.send_json(error_body(err.status, err.message))
