@@ -31,12 +31,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("chapters"))
 
 
+# The reader's own STREAMLAB_DATA, if they set one, before data_folder below replaces it for the session.
+READERS_STREAMLAB_DATA = os.environ.get("STREAMLAB_DATA")
+
+
+@pytest.fixture(scope="session")
+def readers_folders() -> list[Path]:
+    """Where the reader's own conversations are: their ``STREAMLAB_DATA`` if they set one, and the data
+    folder a process with none would use (``$XDG_DATA_HOME/streamlab``, else ``~/.local/share/streamlab``).
+
+    No test may change them (tests/test_notebooks.py checks after each chapter).
+    """
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share").expanduser()
+    folders = [base / "streamlab"]
+    if READERS_STREAMLAB_DATA:
+        folders.insert(0, Path(READERS_STREAMLAB_DATA).expanduser())
+    return folders
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Servers started by tests store their conversations here, never in the user's data folder.
+    """Anything a test opens at the default store's path lands here, never in the reader's data folder.
 
-    Set in the environment, so servers started as processes (and notebook
-    kernels) inherit it: ``Store``'s default path is ``$STREAMLAB_DATA/streamlab.db``.
+    Set in the environment, so processes (and notebook kernels) inherit it:
+    ``Store``'s default path is ``$STREAMLAB_DATA/streamlab.db``. The servers
+    the runner starts do not even use this one: each has a throwaway folder
+    of its own (``streamlab.lab.runner``), so after a chapter this folder is
+    as it was (tests/test_notebooks.py checks).
     """
     folder = tmp_path_factory.mktemp("streamlab-data")
     saved = os.environ.get("STREAMLAB_DATA")

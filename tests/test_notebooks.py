@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_user_data import snapshot
 
 from streamlab.book.notebooks import chapters, execute
 from streamlab.book.proofread import check_executed
@@ -37,6 +39,33 @@ QUICK: dict[str, dict] = {
                                 "bench_rounds": 3},
     "14_many_streams_in_one_browser": {"rate": 40.0, "tokens": 20},  # 0.5 s answers: 8 streams three ways in ~3 s
 }
+
+
+def watched_folders(data_folder: Path, readers_folders: list[Path]) -> Iterator[None]:
+    """A chapter writes into no data folder: the session's ``STREAMLAB_DATA`` and the reader's own, as they were.
+
+    Every server a chapter starts has a throwaway store (``streamlab.lab.runner``),
+    so ``make run`` leaves the reader's conversations alone; here that shows as
+    the folders' files and mtimes unchanged across each chapter.
+    """
+    folders = [data_folder, *readers_folders]
+    before = {str(folder): snapshot(folder) for folder in folders}
+    yield
+    after = {str(folder): snapshot(folder) for folder in folders}
+    changed = sorted(f"{folder}/{name}" for folder in before for name in {*before[folder], *after[folder]}
+                     if before[folder].get(name) != after[folder].get(name))
+    assert not changed, (f"written into a data folder (or by a `streamlab serve` of your own meanwhile):"
+                         f" {', '.join(changed)}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_data_written_by_this_file(data_folder: Path, readers_folders: list[Path]) -> Iterator[None]:
+    yield from watched_folders(data_folder, readers_folders)  # the module-wide runs too (book_of_3_and_4)
+
+
+@pytest.fixture(autouse=True)
+def no_data_written_by_this_chapter(data_folder: Path, readers_folders: list[Path]) -> Iterator[None]:
+    yield from watched_folders(data_folder, readers_folders)
 
 
 def run_chapter(name: str, tmp_path: Path, parameters: dict | None = None) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -143,3 +144,50 @@ def test_a_server_not_started_is_not_listening():
 
     server = Server(FakeLM())
     assert not server.listening and server.loop is None and server.port == 0
+
+
+# --------------------------------------------------------------------------
+# A store of its own: the child's STREAMLAB_DATA (tests/test_user_data.py starts real servers)
+# --------------------------------------------------------------------------
+
+SAYS_ITS_DATA = "import os, sys\nprint('data:', os.environ.get('STREAMLAB_DATA'), flush=True)\n"
+
+
+def data_of(running: runner.RunningServer) -> str:
+    return next(line for line in running.stdout_lines if line.startswith("data: "))[len("data: "):]
+
+
+def test_a_process_gets_a_throwaway_data_folder_that_goes_when_it_stops(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMLAB_DATA", str(tmp_path / "the reader's"))
+    running = runner.start_process(script(SAYS_ITS_DATA + READY + "sys.stdin.read()\n"))
+    try:
+        assert running.data_dir is not None and running.data_dir.is_dir()
+        assert data_of(running) == str(running.data_dir)
+    finally:
+        running.stop()
+    assert not running.data_dir.exists()
+
+
+def test_a_command_naming_its_db_or_an_env_naming_a_folder_keeps_its_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMLAB_DATA", str(tmp_path / "inherited"))
+    code = SAYS_ITS_DATA + READY + "sys.stdin.read()\n"
+    for cmd, env, expected in [
+        ([*script(code), "--db", "x.db"], None, str(tmp_path / "inherited")),  # --db: the folder is not used
+        ([*script(code), "--db=x.db"], None, str(tmp_path / "inherited")),
+        (script(code), {**os.environ, "STREAMLAB_DATA": str(tmp_path / "chosen")}, str(tmp_path / "chosen")),
+    ]:
+        running = runner.start_process(cmd, env=env)
+        running.stop()
+        assert running.data_dir is None and data_of(running) == expected
+    passed_along = runner.start_process(script(code), env=dict(os.environ))  # the reader's folder, merely copied
+    passed_along.stop()
+    assert passed_along.data_dir is not None and data_of(passed_along) == str(passed_along.data_dir)
+    assert runner.names_a_store(["serve", "--db", "a"]) and not runner.names_a_store(["serve", "--dbx"])
+
+
+def test_a_process_that_never_gets_ready_takes_its_data_folder_with_it():
+    code = "import os, sys\nsys.stderr.write(f\"data: {os.environ['STREAMLAB_DATA']}\\n\")\nsys.exit(3)\n"
+    with pytest.raises(RuntimeError) as info:
+        runner.start_process(script(code))
+    folder = str(info.value).split("data: ")[1].split()[0]
+    assert folder and not os.path.exists(folder)

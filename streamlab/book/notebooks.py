@@ -9,7 +9,11 @@ prints each chapter's headline line, then each chapter's time and the total
 ``build/report.html`` (``streamlab.book.report``). The chapters of one run
 share what they measured through ``build/runs/`` (``streamlab.book.chapter.recorded``):
 each run gets its own ``STREAMLAB_RUN_ID``, so a chapter can say that its data
-was recorded by an earlier chapter *in this run*.
+was recorded by an earlier chapter *in this run*. Its kernels also get a
+temporary ``STREAMLAB_DATA``, removed at the end: the servers the chapters
+start each have a throwaway store already (``streamlab.lab.runner``), and
+this keeps anything else that opens the default store out of the reader's
+own conversations too.
 
 A run replaces only what it produced. What the user typed (``--only``,
 ``-p``) is checked against the chapters before anything runs, and a mistake
@@ -26,12 +30,15 @@ import difflib
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from streamlab.book.chapter import BUILD, NOTEBOOKS, RUN_ID
+from streamlab.lab.runner import DATA
 from streamlab.net.errors import ArgumentParser, UserError
 
 
@@ -150,6 +157,21 @@ def failure(nb: Path, executed: Path, err: BaseException) -> str:
     return f"chapter {nb.stem} failed{' ' + where if where else ''}: {what[:300]}; {copy}"
 
 
+@contextmanager
+def data_folder_of_its_own() -> Iterator[Path]:
+    """``STREAMLAB_DATA`` set to a fresh temporary folder for the kernels started inside; removed, and restored, after."""
+    saved = os.environ.get(DATA)
+    with tempfile.TemporaryDirectory(prefix="streamlab-book-data-") as folder:
+        os.environ[DATA] = folder
+        try:
+            yield Path(folder)
+        finally:
+            if saved is None:
+                os.environ.pop(DATA, None)
+            else:
+                os.environ[DATA] = saved
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(
         prog="python -m streamlab run-notebooks",
@@ -177,23 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     selected = select(all_chapters, args.only)
     params = parse_parameters(args.parameter, set().union(*(parameter_names(nb) for nb in all_chapters)))
     os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
-    headlines, seconds, failed = [], {}, {}
-    for nb in selected:
-        print(f"==> {nb.name}", flush=True)
-        started = time.perf_counter()
-        executed = args.out / "notebooks" / nb.name
-        try:
-            figures = execute(nb, parameters=params, out_dir=args.out, progress=True)
-        except Exception as err:  # noqa: BLE001 - a chapter's own failure: said in one line, the run stops here
-            failed[nb.stem] = {"seconds": round(time.perf_counter() - started, 1), "notebook": str(executed),
-                               "error": failure(nb, executed, err)}
-            break
-        seconds[nb.stem] = time.perf_counter() - started
-        print(f"    done in {seconds[nb.stem]:.0f} s -> {executed}", flush=True)
-        said = proofread(executed, figures["headline"])
-        if said:
-            print(f"    {said}", flush=True)
-        headlines.append(figures["headline"])
+    with data_folder_of_its_own():
+        headlines, seconds, failed = run_chapters(selected, params, args.out)
     print("\nstreamlab headlines")
     for line in headlines:
         print(f"  {line}")
@@ -209,6 +216,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamlab run-notebooks: {error}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def run_chapters(selected: list[Path], params: dict[str, Any], out: Path
+                 ) -> tuple[list[str], dict[str, float], dict[str, dict[str, Any]]]:
+    """Execute each chapter in turn, printing its progress; its headlines, times and (the first) failure."""
+    headlines, seconds, failed = [], {}, {}
+    for nb in selected:
+        print(f"==> {nb.name}", flush=True)
+        started = time.perf_counter()
+        executed = out / "notebooks" / nb.name
+        try:
+            figures = execute(nb, parameters=params, out_dir=out, progress=True)
+        except Exception as err:  # noqa: BLE001 - a chapter's own failure: said in one line, the run stops here
+            failed[nb.stem] = {"seconds": round(time.perf_counter() - started, 1), "notebook": str(executed),
+                               "error": failure(nb, executed, err)}
+            break
+        seconds[nb.stem] = time.perf_counter() - started
+        print(f"    done in {seconds[nb.stem]:.0f} s -> {executed}", flush=True)
+        said = proofread(executed, figures["headline"])
+        if said:
+            print(f"    {said}", flush=True)
+        headlines.append(figures["headline"])
+    return headlines, seconds, failed
 
 
 def proofread(executed: Path, headline: str) -> str:

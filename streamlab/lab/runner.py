@@ -11,13 +11,24 @@ Every process started here is stopped by its context manager, whatever
 happens; and it is started with ``--exit-on-stdin-eof`` with our end of its
 stdin held open, so if this Python process dies (a killed kernel), the
 server sees EOF on its stdin and exits too.
+
+None of them writes into the reader's own conversations: a process started
+here gets a store of its own, a fresh temporary ``STREAMLAB_DATA``
+(``RunningServer.data_dir``) removed when it is stopped, unless its command
+names a file with ``--db`` (what a chapter does to start a server again on
+the same store, after a ``kill -9``) or the caller's ``env`` names a
+``STREAMLAB_DATA`` of its own. The page's sidebar lists what the reader said, not what
+the book measured. ``python -m streamlab serve`` typed by hand keeps its
+store in the data folder, as before.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +45,7 @@ from streamlab.client.timed import get_json_sync
 
 LISTENING = re.compile(r"listening on (http://[^\s:/]+:(\d+))")
 REPO = Path(__file__).resolve().parents[2]
+DATA = "STREAMLAB_DATA"  # the folder of a server's store when no --db names its file
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,6 +79,7 @@ class RunningServer:
     args: tuple[str, ...]
     log_path: Path
     stdout_lines: list[str] = field(default_factory=list)
+    data_dir: Path | None = None  # its throwaway STREAMLAB_DATA, removed when it stops (None: --db or the caller's)
 
     def logs(self) -> list[dict[str, Any]]:
         """The server's ``GET /log``: one record per generation request."""
@@ -81,13 +94,27 @@ class RunningServer:
         return _tail(self.log_path, last)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL; return the exit code."""
-        return stop_process(self.process, timeout)
+        """SIGTERM, wait, then SIGKILL; return the exit code. Its throwaway store goes with it."""
+        try:
+            return stop_process(self.process, timeout)
+        finally:
+            self._remove_store()
 
     def kill(self, timeout: float = 10.0) -> int | None:
-        """SIGKILL, as a crash or the OOM killer would: the server gets no chance to write anything."""
+        """SIGKILL, as a crash or the OOM killer would: the server gets no chance to write anything.
+
+        Its throwaway store goes too: to start a server again on what the
+        killed one left, give both the same ``--db``.
+        """
         self.process.kill()
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._remove_store()
+
+    def _remove_store(self) -> None:
+        if self.data_dir is not None and self.process.poll() is not None:
+            remove_store(self.data_dir)
 
 
 def _tail(path: Path, last: int) -> str:
@@ -114,8 +141,43 @@ def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue
     found.put(None)  # EOF: the process closed stdout, most likely by exiting
 
 
-def _child_env(env: dict[str, str] | None) -> dict[str, str]:
+# Throwaway stores not yet removed, with the process that uses each: at exit, those whose process has ended go
+# (a caller that kills a process with os.kill never calls stop()).
+_STORES: dict[Path, subprocess.Popen | None] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def names_a_store(cmd_args: Sequence[str]) -> bool:
+    """Whether a command line gives its store's file itself (``--db PATH`` or ``--db=PATH``)."""
+    return any(arg == "--db" or arg.startswith("--db=") for arg in cmd_args)
+
+
+def throwaway_store(name: str = "streamlab") -> Path:
+    """A fresh temporary folder for one process's ``STREAMLAB_DATA``; ``remove_store`` takes it away."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-data-"))
+    with _STORES_LOCK:
+        _STORES[folder] = None
+    return folder
+
+
+def remove_store(folder: Path) -> None:
+    with _STORES_LOCK:
+        _STORES.pop(folder, None)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@atexit.register
+def _remove_ended_stores() -> None:
+    with _STORES_LOCK:
+        ended = [folder for folder, process in _STORES.items() if process is None or process.poll() is not None]
+    for folder in ended:
+        remove_store(folder)
+
+
+def _child_env(env: dict[str, str] | None, data_dir: Path | None = None) -> dict[str, str]:
     merged = dict(os.environ if env is None else env)
+    if data_dir is not None:
+        merged[DATA] = str(data_dir)
     # The child imports this very streamlab, even when it is not installed.
     merged["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), merged.get("PYTHONPATH", "")) if p)
     merged.setdefault("PYTHONUNBUFFERED", "1")
@@ -135,16 +197,32 @@ def start_process(
     stderr goes to a temporary log file (``RunningServer.log_path``). If the
     process exits or stays silent too long, it is stopped and the error
     carries the tail of its stderr, which is where the reason is.
+
+    The process gets a throwaway ``STREAMLAB_DATA`` (``RunningServer.data_dir``,
+    removed when it stops) in place of this process's own, unless
+    ``cmd_args`` has a ``--db`` or ``env`` chooses another folder (one
+    merely copied from ``os.environ`` is the reader's, and is replaced too).
     """
+    chosen = names_a_store(cmd_args) or (env is not None and env.get(DATA) not in (None, os.environ.get(DATA)))
+    data_dir = None if chosen else throwaway_store(name)
     log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
-    process = subprocess.Popen(
-        list(cmd_args),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=_child_env(env),
-    )
+    try:
+        process = subprocess.Popen(
+            list(cmd_args),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=_child_env(env, data_dir),
+        )
+    except BaseException:
+        log.close()
+        if data_dir is not None:
+            remove_store(data_dir)
+        raise
     log.close()
+    if data_dir is not None:
+        with _STORES_LOCK:
+            _STORES[data_dir] = process
     lines: list[str] = []
     found: queue.Queue = queue.Queue()
     threading.Thread(target=_pump_stdout, args=(process, lines, found, ready), daemon=True).start()
@@ -155,12 +233,14 @@ def start_process(
         ready, why = None, f"was not listening after {ready_timeout:.0f} s"
     if ready is None:
         code = stop_process(process)
+        if data_dir is not None:
+            remove_store(data_dir)
         raise RuntimeError(
             f"{' '.join(cmd_args)} {why} (exit code {code}).\n"
             f"--- stderr (tail) ---\n{_tail(Path(log.name), 4000)}"
         )
     url, port = ready
-    return RunningServer(port, url, process, tuple(cmd_args), Path(log.name), lines)
+    return RunningServer(port, url, process, tuple(cmd_args), Path(log.name), lines, data_dir)
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> int | None:
@@ -229,9 +309,10 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     ``streamlab.lab.overhead`` uses). The server runs on an event loop of its
     own, in a thread, on a free port of 127.0.0.1 (``server.port``;
     ``server.loop`` is that loop, for ``run_coroutine_threadsafe``), with a
-    throwaway store unless ``db_path`` is given, and is shut down on the way
-    out. No process to start and no model to load again: a chapter that has
-    the model already serves it in seconds less (the tests serve a fake).
+    throwaway store unless ``db_path`` is given (removed with it), and is
+    shut down on the way out. No process to start and no model to load
+    again: a chapter that has the model already serves it in seconds less
+    (the tests serve a fake).
     The server's start-up line (its store, and what it recovered from a
     crash) is for an operator's terminal: in process it is kept in
     ``server.start_log`` rather than printed into the chapter that serves it.
@@ -245,8 +326,15 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="streamlab-in-process-server", daemon=True)
     thread.start()
-    config.setdefault("db_path", os.path.join(tempfile.mkdtemp(prefix="streamlab-in-process-"), "streamlab.db"))
-    server = Server(lm, ServerConfig(port=0, **config))
+    throwaway = None if config.get("db_path") else throwaway_store("streamlab-in-process")
+    if throwaway is not None:
+        config["db_path"] = str(throwaway / "streamlab.db")
+    try:
+        server = Server(lm, ServerConfig(port=0, **config))
+    except BaseException:
+        if throwaway is not None:
+            remove_store(throwaway)
+        raise
     try:
         with contextlib.redirect_stderr(io.StringIO()) as said:
             asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
@@ -258,6 +346,8 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+        if throwaway is not None:
+            remove_store(throwaway)
 
 
 # --------------------------------------------------------------------------
