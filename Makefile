@@ -51,8 +51,10 @@ test: $(STAMP) system-deps
 bench: $(STAMP)
 	$(BIN)/python -m streamlab.book.bench run
 
+# JupyterLab on the chapters (as root, with the --allow-root it needs there: streamlab/book/jupyter_lab.py).
+# Flags for JupyterLab: make lab LAB_ARGS='--port=8890 --no-browser'.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/python -m streamlab lab notebooks/ $(LAB_ARGS)
 
 info: $(STAMP)
 	$(BIN)/python -m streamlab info
@@ -60,6 +62,7 @@ info: $(STAMP)
 clean:
 	rm -rf build .pytest_cache .hypothesis
 
-# The exercises for students: notebooks (outputs cleared) and README, without the solutions folder.
+# The exercises for students, in a folder that stands alone: the notebooks (outputs cleared), the chapters, a README
+# and a Makefile whose `make lab` opens the copy; no solutions. It prints one line: where the copy is, how to open it.
 exercises: $(STAMP)
-	$(BIN)/python -m streamlab.book.grading --student-copy build/exercises
+	@$(BIN)/python -m streamlab.book.grading --student-copy build/exercises

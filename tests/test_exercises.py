@@ -300,7 +300,7 @@ def test_student_copy_has_no_solutions_and_no_outputs(tmp_path):
     written = build_student_copy(dest)
     files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     chapter_files = [f"chapters/{nb.name}" for nb in chapters()]
-    assert files == sorted([f"{n}.ipynb" for n in NAMES] + ["README.md"] + chapter_files)
+    assert files == sorted([f"{n}.ipynb" for n in NAMES] + ["Makefile", "README.md"] + chapter_files)
     assert sorted(p.relative_to(dest).as_posix() for p in written) == files
     assert not {p.name for p in SOLUTIONS.iterdir()} & {p.name for p in dest.rglob("*")}
     for path in dest.glob("*.ipynb"):
@@ -366,8 +366,65 @@ def test_make_exercises_builds_the_student_copy():
 
 def test_cli_student_copy(tmp_path, capsys):
     assert grading.main(["--student-copy", str(tmp_path / "copy")]) == 0
-    assert "no solutions" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no solutions" in out and len(out.splitlines()) == 1, "one line, not a path per file"
     assert (tmp_path / "copy" / "ex1_detokenizer.ipynb").is_file()
+
+
+def tiny_exercise(folder: Path) -> Path:
+    """An exercise of one check, for grading without an exercise's set-up."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    parameters = nbformat.v4.new_code_cell("results_path = None")
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, nbformat.v4.new_code_cell(
+        "from streamlab.book.grading import Grader\n"
+        "grader = Grader('ex0 tiny', results_path)\n"
+        "grader.check('one and one make two', 1 + 1 == 2)\n"
+        "grader.summary();")]
+    path = folder / "ex0_tiny.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_kernels_of_grading_and_the_chapters_get_curve_keys_where_they_can():
+    import zmq
+    from jupyter_client import KernelManager
+
+    from streamlab.book import notebooks
+
+    config = notebooks.kernel_config()
+    if "transport_encryption" in KernelManager.class_trait_names() and zmq.has("curve"):
+        assert config.KernelManager.transport_encryption == "auto"
+    else:
+        assert "KernelManager" not in config
+
+
+@pytest.mark.notebook
+def test_grading_says_where_the_notebook_went_and_the_kernel_does_not_warn(tmp_path, capfd, monkeypatch):
+    """One line names the executed copy; ipykernel's "running over TCP without encryption" stays out.
+
+    The kernel writes its warning to the stderr it inherits, which ``capfd`` reads; graded again with the
+    kernel settings of before, the warning is there, so its absence is this setting's doing.
+    """
+    import zmq
+
+    notebook = tiny_exercise(tmp_path)
+    assert grading.main(["--out", str(tmp_path / "graded"), str(notebook)]) == 0
+    captured = capfd.readouterr()
+    executed = tmp_path / "graded" / f"{tmp_path.name}_ex0_tiny.ipynb"
+    assert f"  executed notebook: {executed}\n" in captured.out and executed.is_file()
+    assert "without encryption" not in captured.err + captured.out
+    if not zmq.has("curve"):
+        pytest.skip("pyzmq without CurveZMQ: the kernel still warns here")
+
+    from traitlets.config import Config
+
+    from streamlab.book import notebooks
+
+    monkeypatch.setattr(notebooks, "kernel_config", Config)
+    assert grading.main(["--out", str(tmp_path / "graded"), str(notebook)]) == 0
+    assert "without encryption" in capfd.readouterr().err
 
 
 # --------------------------------------------------------------------------
@@ -451,6 +508,7 @@ def test_ex3_websocket_frames_through_the_command_line(tmp_path, capsys):
     assert grading.main(["--solutions", str(SOLUTIONS), "--out", str(tmp_path / "a"), str(path)]) == 0
     out = capsys.readouterr().out
     assert "9/9 checks passed" in out and "PASS  encode a masked text frame: Hello, key 37 fa 21 3d" in out
+    assert f"executed notebook: {tmp_path / 'a' / 'exercises_ex3_websocket_frames.ipynb'}" in out
     report = tmp_path / "class.json"
     assert grading.main(["--out", str(tmp_path / "b"), "--json", str(report), str(path)]) == 1
     out = capsys.readouterr().out

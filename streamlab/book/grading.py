@@ -26,7 +26,10 @@ The command grades notebooks the way a teacher collects them::
     python -m streamlab.book.grading --student-copy build/exercises   # what `make exercises` runs
 
 It executes each notebook with papermill in a fresh kernel and prints a table
-of checks per notebook, then one line per notebook.
+of checks per notebook, with the path of its executed copy, then one line per
+notebook. The kernels talk to the grader over sockets encrypted with CurveZMQ
+where the kernel can (``streamlab.book.notebooks.kernel_config``, as for every chapter), which also keeps ipykernel's
+"running over TCP without encryption" warning out of the grade.
 """
 
 from __future__ import annotations
@@ -459,6 +462,14 @@ def build_student_copy(dest: Path = STUDENT_COPY, src: Path = EXERCISES) -> list
 def _print_report(name: str, data: dict[str, Any]) -> None:
     print(f"\n== {name}: {data['passed']}/{data['total']} checks passed")
     print(format_table(data["checks"]))
+    print(f"  executed notebook: {data['executed']}")
+
+
+def copy_made(dest: Path, written: Sequence[Path]) -> str:
+    """The one line ``make exercises`` prints: where the copy is, what it holds, and how to open it."""
+    notebooks = sum(1 for p in written if p.parent == Path(dest) and p.suffix == ".ipynb")
+    return (f"student copy in {dest}: {notebooks} exercises with their chapters, no solutions;"
+            f" open it with: make -C {dest} lab")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,9 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.student_copy is not None:
-        for path in build_student_copy(args.student_copy):
-            print(path)
-        print(f"student copy in {args.student_copy} (no solutions, outputs cleared)")
+        print(copy_made(args.student_copy, build_student_copy(args.student_copy)))
         return 0
     if not args.notebooks:
         parser.error("name at least one notebook (or --student-copy DIR)")

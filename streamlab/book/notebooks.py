@@ -98,7 +98,29 @@ def papermill_run(
         kernel_name="python3",
         progress_bar=progress,
         execution_timeout=timeout,
+        config=kernel_config(),
     )
+
+
+def kernel_config() -> Any:
+    """The kernel manager's settings for every notebook run, chapters and grading: CurveZMQ keys, where it can.
+
+    ipykernel 7 warns, on every start of a kernel whose sockets are plain TCP,
+    "Kernel is running over TCP without encryption ... Use IPC transport or
+    launch with kernel manager-provisioned CurveZMQ keys": a paragraph on the
+    teacher's terminal per notebook graded. jupyter_client 8.10's
+    ``KernelManager.transport_encryption = "auto"`` provisions those keys when
+    the kernelspec says it supports them (ipykernel's does), so the cause and
+    its warning go together. With an older jupyter_client, or a pyzmq built
+    without CurveZMQ, nothing is set and the kernel runs as it did.
+    """
+    import zmq
+    from jupyter_client import KernelManager
+    from traitlets.config import Config
+
+    if "transport_encryption" not in KernelManager.class_trait_names() or not zmq.has("curve"):
+        return Config()
+    return Config({"KernelManager": {"transport_encryption": "auto"}})
 
 
 def parameter_names(notebook: Path) -> set[str]:

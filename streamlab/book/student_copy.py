@@ -8,9 +8,13 @@ teacher's README with its grading commands. What the student needs comes in:
   pointing at the copy's own ``chapters/`` folder;
 - ``chapters/``: every chapter notebook (outputs cleared), so each link in
   an exercise opens the chapter it names, from the copy, wherever it is;
-- a short ``README.md`` of its own: what to do, how to check your work, the
-  exercises with their times and chapters (the rows of the teacher's table,
-  ``streamlab.book.contents.exercise_rows``).
+- a short ``README.md`` of its own: how to open the folder, what to do, how
+  to check your work, the exercises with their times and chapters (the rows
+  of the teacher's table, ``streamlab.book.contents.exercise_rows``);
+- a ``Makefile`` whose ``make lab`` opens the copy in JupyterLab
+  (``python -m streamlab lab .``), so the copy opens by itself, wherever it
+  was put: JupyterLab opened on the course's ``notebooks/`` would show the
+  teacher's ``solutions/`` beside the exercises.
 
 ``streamlab.book.grading.build_student_copy`` (``--student-copy``) calls it.
 """
@@ -26,9 +30,24 @@ from typing import Any
 from streamlab.book.contents import chapter_info, exercise_rows
 from streamlab.book.notebooks import chapters
 
-__all__ = ["CHAPTERS_FOLDER", "student_readme", "write_student_copy"]
+__all__ = ["CHAPTERS_FOLDER", "STUDENT_MAKEFILE", "student_readme", "write_student_copy"]
 
 CHAPTERS_FOLDER = "chapters"
+# The copy's own Makefile. Its Python is the one with streamlab: the course's .venv when the copy sits in the course's
+# build/ (build/exercises: ../../.venv), a .venv made beside the notebooks, else the python3 of an activated environment.
+STUDENT_MAKEFILE = """\
+# The exercises in JupyterLab: `make lab` in this folder opens it (python -m streamlab lab .).
+# It needs the course's Python, the one with streamlab installed: the course's .venv when this folder is the
+# course's build/exercises, a .venv here, or the python3 of an activated environment. Or name it:
+#   make lab PYTHON=/path/to/the/course/.venv/bin/python
+# Flags for JupyterLab: make lab LAB_ARGS='--port=8890 --no-browser'.
+PYTHON ?= $(firstword $(wildcard .venv/bin/python ../.venv/bin/python ../../.venv/bin/python) python3)
+
+.PHONY: lab
+lab:
+\t@$(PYTHON) -c 'import streamlab' 2>/dev/null || { echo "make lab: $(PYTHON) has no streamlab: run it with the course's Python (make lab PYTHON=/path/to/the/course/.venv/bin/python)" >&2; exit 2; }
+\t$(PYTHON) -m streamlab lab . $(LAB_ARGS)
+"""
 _MD_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 # What only a teacher's run uses: the parameter naming a model answer, the cell that runs it, the sentence about it.
@@ -92,10 +111,21 @@ def student_readme(src: Path, notebooks: list[Path]) -> str:
         "then checks it: against real data, and for some against the real model and server. Every check",
         "prints one line, `PASS name` or `FAIL name: expected …, got …`, and the last cell prints your score.",
         "",
+        "## Open this folder",
+        "",
+        "In a terminal, in this folder:",
+        "",
+        "    make lab",
+        "",
+        "opens it in JupyterLab (the same as `python -m streamlab lab`). The notebooks import `streamlab`, so",
+        "they run with the course's Python: `make lab` finds the course's `.venv` when this folder is the",
+        "course's `build/exercises`; anywhere else, activate the course's environment first, or name its",
+        "Python: `make lab PYTHON=/path/to/the/course/.venv/bin/python`.",
+        "",
         "## What to do",
         "",
         "1. Read the exercise's chapter first: each exercise links to it, in `chapters/`.",
-        "2. Open the exercise in the course's environment (`make lab` in the course's folder opens JupyterLab).",
+        "2. Open the exercise in JupyterLab (`make lab`, above).",
         "3. Read the brief, then write your code in the cell that starts `# YOUR CODE HERE`. Leave the other",
         "   cells as they are: they set things up and check your work.",
         "4. Run the whole notebook (Run > Run All Cells). Until you have written anything, every check fails",
@@ -109,8 +139,9 @@ def student_readme(src: Path, notebooks: list[Path]) -> str:
         "",
         f"      python -m streamlab.book.grading {notebooks[0].name if notebooks else 'ex1_….ipynb'}",
         "",
-        "  It prints each check and then one line with your score; its exit status is 0 only when every",
-        "  check passed. A check marked `(soft)` is only an approximation: your teacher reads that answer.",
+        "  It prints each check, one line with your score and one with the path of the executed copy of",
+        "  the notebook (its outputs are there to read); its exit status is 0 only when every check passed.",
+        "  A check marked `(soft)` is only an approximation: your teacher reads that answer.",
         "",
         "## The exercises",
         "",
@@ -162,5 +193,7 @@ def write_student_copy(dest: Path, src: Path, notebooks: list[Path]) -> list[Pat
         written.append(shown)
     readme = dest / "README.md"
     readme.write_text(student_readme(src, notebooks), encoding="utf-8")
-    written.append(readme)
+    makefile = dest / "Makefile"
+    makefile.write_text(STUDENT_MAKEFILE, encoding="utf-8")
+    written += [readme, makefile]
     return written
