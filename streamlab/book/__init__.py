@@ -9,6 +9,7 @@
     replica_plots.py     chapter 13's chart: what a reader received while the server under it was killed
     figures.py    each figure a chapter shows, saved as PNG and SVG
     report.py     build/report.html: each chapter's headline and key figure
-    grading.py    the exercises' checks, and grading a class
+    grading.py    the exercises' checks, and grading a class; student_copy.py the copy a class gets
+    jupyter_lab.py  python -m streamlab lab: JupyterLab on a folder (as root, with the --allow-root it needs)
     bench.py      make bench: every benchmark in its own process, then the summary of targets
 """
