@@ -34,6 +34,7 @@ from streamlab.book.pages import build_book
 
 REPO = Path(__file__).resolve().parents[1]
 CHAPTER_NAMES = ["01_split_characters", "02_three_ways", "03_bytes_on_the_wire"]  # 03 is left unexecuted
+FIGURE_TITLE = "When each piece of text arrived"
 
 
 def a_png() -> str:
@@ -44,6 +45,7 @@ def a_png() -> str:
 
     fig, ax = plt.subplots(figsize=(2, 1))
     ax.plot([0, 1], [0, 1])
+    ax.set_title(FIGURE_TITLE)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
@@ -65,8 +67,9 @@ def executed_chapter(number: int, title: str, png: str, *, link: str) -> nbforma
             "execute_result", execution_count=2,
             data={"text/html": "<table class='dataframe'><tr><th>tokens</th></tr><tr><td>30</td></tr></table>",
                   "text/plain": "tokens 30"})]),
-        new_code_cell("plot()", execution_count=3, outputs=[new_output(
-            "display_data", data={"image/png": png, "text/plain": "<Figure>"})]),
+        new_code_cell("plot()", execution_count=3, outputs=[new_output(  # the metadata figures.save_figures gives it
+            "display_data", data={"image/png": png, "text/plain": "<Figure>"},
+            metadata={"image/png": {"alt": FIGURE_TITLE}})]),
         new_markdown_cell(f"## Takeaways\n\n* chapter {number} measured 42 pieces."),
     ]
     return nb
@@ -119,6 +122,7 @@ class Page(HTMLParser):
         super().__init__()
         self.links: list[str] = []
         self.images: list[str] = []
+        self.alts: list[str | None] = []
         self.ids: set[str] = set()
         self.feed(text)
 
@@ -130,6 +134,7 @@ class Page(HTMLParser):
             self.links.append(attrs["href"])
         if tag == "img":
             self.images.append(attrs.get("src") or "")
+            self.alts.append(attrs.get("alt"))
 
 
 def broken_links(book: Path) -> list[str]:
@@ -170,6 +175,13 @@ def test_a_page_per_executed_chapter_and_exercise(small_book):
     assert '<a href="ex1_first.html">Exercise 1 (15 min)</a>' in first
     # The last executed chapter links to chapter 3 (not run), through the index's row for it.
     assert 'href="index.html#03_bytes_on_the_wire"' in page
+
+
+def test_a_figure_s_alt_text_is_its_title(small_book):
+    """What the figure hook files in the output's metadata reaches the page's <img>, not nbconvert's placeholder."""
+    for name in CHAPTER_NAMES[:2]:
+        page = Page((small_book.parent / f"{name}.html").read_text(encoding="utf-8"))
+        assert page.alts == [FIGURE_TITLE], (name, page.alts)
 
 
 def test_the_index_lists_the_reading_order_with_times_prerequisites_and_exercises(small_book):

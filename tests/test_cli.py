@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from inprocess import serving
-from streamlab import client
+from streamlab import cli, client
 from streamlab.book import notebooks
 from streamlab.net.errors import UserError
 from streamlab.server import store_file
@@ -79,6 +80,51 @@ def test_help_has_no_raw_backticks_and_tells_of_the_debug_switch(command):
 def test_a_wrong_flag_is_one_line_not_the_usage():
     line = the_line(streamlab("report", "--outt", "x"))
     assert "--outt" in line and "--help" in line
+
+
+def longest_flag(command: str, capsys: pytest.CaptureFixture) -> str:
+    """The longest long option a command's --help lists (besides --help): one a typo cannot be an abbreviation of."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", capsys.readouterr().out)) - {"--help"}
+    return max(sorted(flags), key=len)
+
+
+# Commands that hand their flags to another program, which answers for them: lab's go to JupyterLab.
+PASSED_ON = {"lab"}
+
+
+@pytest.mark.parametrize("command", sorted(set(cli.COMMANDS) - PASSED_ON))
+def test_a_misspelt_flag_names_the_nearest_in_one_line(command, capsys):
+    flag = longest_flag(command, capsys)
+    typo = flag[:3] + flag[4] + flag[3] + flag[5:]  # two letters swapped: --modle for --model
+    assert cli.main([command, typo, "x"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and said.startswith(f"streamlab: unrecognized arguments: {typo}")
+    assert f"(did you mean {flag}?)" in said and "--help" in said
+
+
+def test_serve_modle_is_did_you_mean_model(capsys):
+    assert cli.main(["serve", "--modle", "x"]) == 2
+    assert "did you mean --model?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, flag", [("worker", "--redis URL"), ("proxy", "--upstream PORT"),
+                                           ("platform", "--max-duration S")])
+def test_a_required_flag_looks_required_and_says_so(command, flag, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    shown = capsys.readouterr().out
+    usage = " ".join(shown.split("\n\n")[0].split())
+    assert f" {flag} " in usage and f"[{flag}]" not in usage
+    help_line = " ".join(shown.split(f"  {flag}", 1)[1].split("\n  -")[0].split())
+    assert help_line.endswith("(required)") and "default" not in help_line, help_line
+
+
+def test_a_missing_required_flag_says_what_it_takes(capsys):
+    assert cli.main(["worker"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "--redis URL, take jobs from" in said
 
 
 # -- serve: the port and the store before the model ------------------------------------

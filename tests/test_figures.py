@@ -78,3 +78,44 @@ def test_every_figure_shown_is_saved_once_in_order(tmp_path, setup):
     assert len(shown) == 3
     assert base64.b64decode(shown[0]) == png  # the very PNG the notebook shows, not a second rendering
     assert sorted(p.name for p in notebooks.iterdir()) == ["99_figures.ipynb"]  # nothing written beside the chapter
+
+
+def test_a_figure_shown_carries_its_title_as_alt_text(tmp_path, monkeypatch):
+    """What the hook hands IPython for a figure: the PNG as drawn, and the title as its alt text (one line).
+
+    A stand-in shell with IPython's own display formatter, so no kernel and no history file is needed;
+    the executed notebook files what comes back as the output's metadata, and the book's pages read it.
+    """
+    import types
+
+    import IPython
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.pylabtools import print_figure, retina_figure
+    from matplotlib.figure import Figure
+
+    from streamlab.book import figures, plots
+
+    import matplotlib.pyplot as plt
+
+    shell = types.SimpleNamespace(display_formatter=DisplayFormatter(), user_ns={},
+                                  events=types.SimpleNamespace(register=lambda *a: None))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(figures, "_active", None)
+    monkeypatch.setattr(plt, "_REPL_DISPLAYHOOK", plt._REPL_DISPLAYHOOK)  # pyplot hooks our stand-in: undone after
+    png = shell.display_formatter.formatters["image/png"]
+    for drawn in (lambda fig: print_figure(fig, "png"), retina_figure):  # retina answers (data, metadata)
+        png.for_type(Figure, drawn)
+        saver = figures.save_figures(tmp_path / "results" / "99_figures.json")
+        ax = plots.ttft_chart({"/complete": (3.9, 3.9), "/stream": (0.2, 4.0)}, title="First text\nand the end")
+        data, metadata = shell.display_formatter.format(ax.figure)
+        assert metadata["image/png"]["alt"] == "First text and the end"
+        shown = data["image/png"]  # bytes here; a kernel sends them base64-encoded
+        assert (base64.b64decode(shown) if isinstance(shown, str) else shown) == saver.saved[0].read_bytes()
+        plt.close(ax.figure)
+    assert metadata["image/png"]["width"] > 0  # the retina formatter's own metadata is kept
+    untitled = Figure()
+    untitled.add_subplot().plot([1, 2])
+    assert "alt" not in shell.display_formatter.format(untitled)[1].get("image/png", {})  # no title: none made up

@@ -8,6 +8,12 @@ beside it, named ``NN-what-it-shows`` from the figure's title (its order in
 the chapter, then the title slugified). The cells stay as a reader would
 write them: draw, and the figure is shown and kept.
 
+The title also goes into the displayed PNG's metadata as its ``alt`` text
+(``{"image/png": {"alt": ...}}`` in the notebook), which nbconvert writes
+into the ``<img>`` of ``python -m streamlab book``'s pages: a screen reader
+says what the chart shows, not nbconvert's "No description has been
+provided for this image".
+
 The folder is the chapter's own: ``figures/<stem>/`` beside the ``results/``
 folder ``run-notebooks`` records into (so a test's run writes into its own
 temporary folder), or, opened by hand in Jupyter, ``build/figures/<notebook>/``.
@@ -43,6 +49,12 @@ def title_of(fig: Any) -> str:
         return fig._suptitle.get_text()
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     return " + ".join(titles[:2]) if titles else "figure"
+
+
+def alt_text(fig: Any) -> str | None:
+    """What a figure's image says to a reader who cannot see it: its title on one line, or None without one."""
+    title = " ".join(title_of(fig).split())
+    return None if title == "figure" and not fig.get_label() else title
 
 
 def notebook_name() -> str | None:
@@ -171,12 +183,17 @@ def save_figures(results_path: str | Path | None = None, chapter: str | None = N
     original = getattr(shown, "__wrapped__", shown)
 
     def show_and_save(fig: Any) -> Any:
-        png = original(fig) if original is not None else None
+        shown = original(fig) if original is not None else None
+        # A formatter may answer (data, metadata): the retina one does, with the image's width and height.
+        png, metadata = shown if isinstance(shown, tuple) else (shown, None)
         try:
             _active.save(fig, png)  # type: ignore[union-attr]
         except Exception as err:  # noqa: BLE001 - a figure not saved must never break the chapter
             print(f"streamlab: figure not saved: {err}")
-        return png
+        alt = alt_text(fig)
+        if png is None or alt is None:
+            return shown
+        return png, {**(metadata or {}), "alt": alt}  # IPython files it as the output's {"image/png": {...}}
 
     show_and_save.__wrapped__ = original  # type: ignore[attr-defined]
     formatter.for_type(Figure, show_and_save)

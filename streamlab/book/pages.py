@@ -39,7 +39,7 @@ from streamlab.book.chapter import BUILD, NOTEBOOKS
 from streamlab.book.contents import ChapterInfo, ExerciseRow, chapter_info, exercise_rows, exercises_by_chapter
 from streamlab.book.grading import exercises
 from streamlab.book.notebooks import chapters
-from streamlab.book.style import BLUE, GREY, ORANGE
+from streamlab.book.style import BLUE, EMOJI_FONTS, GREY, ORANGE
 from streamlab.net.errors import ArgumentParser, UserError
 
 __all__ = ["build_book", "main", "page_name"]
@@ -47,8 +47,8 @@ __all__ = ["build_book", "main", "page_name"]
 DROPPED_TAGS = {"injected-parameters"}  # papermill's cell: a temporary results_path, nothing for a reader
 
 CSS = f"""
-body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 980px; margin: 1.5em auto;
-       padding: 0 1em; color: #222; line-height: 1.5; }}
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif, {EMOJI_FONTS}; max-width: 980px;
+       margin: 1.5em auto; padding: 0 1em; color: #222; line-height: 1.5; }}
 a {{ color: {BLUE}; }}
 nav {{ display: flex; justify-content: space-between; gap: 1em; font-size: 0.92em; padding: 0.5em 0;
       border-bottom: 1px solid #ddd; }}
@@ -64,7 +64,8 @@ th {{ color: #555; font-weight: 600; }}
 table.contents td:first-child, table.contents td:nth-child(3) {{ white-space: nowrap; }}
 img, svg {{ max-width: 100%; height: auto; }}
 pre {{ overflow-x: auto; font-size: 0.85em; line-height: 1.35; }}
-code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.92em; }}
+code {{ font-size: 0.92em; }}
+pre, code {{ font-family: ui-monospace, Menlo, Consolas, monospace, {EMOJI_FONTS}; }}
 .input_area {{ background: #f7f7f7; border: 1px solid #e6e6e6; border-radius: 3px; margin: 0.6em 0 0.2em;
               padding: 0 0.6em; }}
 .output_area pre, .output_text pre {{ margin: 0.3em 0; padding: 0.2em 0.6em; }}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamlab.book.chapter import BUILD
+from streamlab.book.style import EMOJI_FONTS
 from streamlab.net.errors import ArgumentParser, UserError
 
 # Each chapter's key figure: the start of its file name after the NN- order prefix (the slug of its title).
@@ -146,13 +147,13 @@ def _image(path: Path) -> str:
 
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1000px; margin: 2em auto;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif, EMOJI; max-width: 1000px; margin: 2em auto;
        padding: 0 1em; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2em; }
 .meta { color: #666; margin-top: 0; }
 section { border-top: 1px solid #ddd; padding: 1em 0 1.5em; }
 h2 { margin: 0 0 0.3em; font-size: 1.25em; }
-.headline { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.9em; background: #f4f6f8;
+.headline { font-family: ui-monospace, Menlo, Consolas, monospace, EMOJI; font-size: 0.9em; background: #f4f6f8;
             padding: 0.5em 0.7em; border-left: 4px solid #0072B2; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; }
 th, td { text-align: left; padding: 0.25em 0.8em 0.25em 0; border-bottom: 1px solid #eee; vertical-align: top; }
@@ -160,7 +161,7 @@ th { color: #555; font-weight: 600; }
 img { max-width: 100%; height: auto; display: block; margin: 0.5em 0; }
 .more { font-size: 0.85em; color: #555; }
 .none { color: #999; font-style: italic; }
-"""
+""".replace("EMOJI", EMOJI_FONTS)  # a font for the emoji the answers hold, where the machine has one
 
 
 def render(items: list[Chapter], *, out: Path, timings: dict[str, Any] | None = None) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "BLUE",
     "COLORS",
     "COLOR_OF",
+    "EMOJI_FONTS",
     "GREEN",
     "GREY",
     "NOTEBOOK_WIDTH",
@@ -47,6 +48,11 @@ __all__ = [
     "color_of",
     "figure",
 ]
+
+# Where a page finds the emoji its text holds (chapter 1's parrot and melting face), after the text fonts: each
+# system's colour font, then Noto Color Emoji, which scripts/system-deps.sh installs on Debian. A machine with none
+# of them draws a box; the page's own stylesheet (streamlab/static/style.css) names the same fonts.
+EMOJI_FONTS = '"Apple Color Emoji", "Segoe UI Emoji", "Segoe UI Symbol", "Noto Color Emoji", "Twemoji Mozilla", emoji'
 
 NOTEBOOK_WIDTH = 9.0  # inches: ~900 px at the notebook's 100 dpi, the width a notebook page shows unscaled
 

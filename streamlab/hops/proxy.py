@@ -56,7 +56,9 @@ from streamlab.hops.forwarders import (
     DEFAULT_BLOCK, EXECUTION_LIMIT, BlockBuffer, CuttingForwarder, choose_forwarder, cut_event, forwarder_for,
 )
 from streamlab.hops.heads import client_response_head, is_upgrade, upstream_request_head
-from streamlab.hops.settings import CONFIG, FIXED, PROXY_FLAGS, PROXY_SETTINGS, add_flags, make_proxy_config
+from streamlab.hops.settings import (
+    CONFIG, FIXED, FORWARDING, FUNCTION, PROXY_FLAGS, PROXY_SETTINGS, add_flags, make_proxy_config,
+)
 from streamlab.net.errors import ArgumentParser
 from streamlab.net.serving import ClientGone, serve_until_signalled
 from streamlab.net.settings import Settings, config_values
@@ -239,7 +241,8 @@ class Proxy:
         """
         limit = self.config.max_duration or 0.0
         if exchange.client_bytes == 0:
-            await _fail(writer, exchange, 504, f"{EXECUTION_LIMIT}: the function ran for its limit of {limit:g} s")
+            await _fail(writer, exchange, 504, f"{EXECUTION_LIMIT}: the function ran for its limit of {limit:g} s"
+                        f" ({FUNCTION.flag('max_duration')})")
         elif self.config.error_event:
             await _write(writer, cut_event(limit), exchange, body=True)
 
@@ -256,7 +259,8 @@ class Proxy:
         except HTTPError as error:
             return await _fail(writer, exchange, 502, error.message)
         except _IdleTimeout:
-            return await _fail(writer, exchange, 504, "no response head within the idle timeout")
+            return await _fail(writer, exchange, 504, "no response head within the idle timeout"
+                               f" ({FORWARDING.flag('idle_timeout')} {self.config.idle_timeout:g})")
         exchange.status = response.status
         try:
             if response.status == 101 and is_upgrade(request):

@@ -10,11 +10,10 @@ constants the proxy reads (``MAX_BODY``...) and the two tables of
 ``docs/limits.md`` are all derived from them, so a default changed here
 changes everywhere.
 
-Two kinds of flag have no place in a :class:`Setting` and are handled here:
-a flag that must be given (``--upstream``; the platform's
-``--max-duration``), and a default that another flag may fill in
+Two flags must be given (``--upstream``; the platform's ``--max-duration``):
+their declarations say ``required``. A default that another flag may fill in
 (``--upstream-host``, which the host in ``--upstream`` supplies when it is
-not given).
+not given) has no place in a :class:`Setting` and is handled here.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ UPSTREAM = Settings(
     # --upstream is parsed into ProxyConfig's upstream_port (and a host, if it names
     # one); a proxy with nowhere to forward is no proxy, so it has no default.
     Setting("upstream", None, "", "the server: PORT, HOST:PORT or http://HOST:PORT", type=upstream_address,
-            metavar="PORT", show="none, required", field=False),
+            metavar="PORT", field=False, required=True),
     Setting("upstream_host", "127.0.0.1", "", "the server's host; given, it wins over the one --upstream names",
             metavar="HOST", show="127.0.0.1, or the host --upstream names"),
     Setting("port", 0, "", "listen on this port, on 127.0.0.1 only (0 picks a free one, printed at start)",
@@ -91,7 +90,7 @@ FUNCTION = Settings(
     # Every platform has a limit, so the stand-in has no default to offer: a platform
     # without one is just the proxy. In ProxyConfig (the proxy's too), None is none.
     Setting("max_duration", None, "s", "the execution limit: cut any request still running after S seconds",
-            type=float, show="none, required"),
+            type=float, required=True),
     Setting("error_event", False, "", "at the limit, write an SSE 'error' event naming execution_limit before"
             " closing", switch=True),
     Setting("buffer_response", False, "", "a buffering runtime: hold the whole response, head included, until the"
@@ -142,27 +141,13 @@ PROXY_SETTINGS = (*PROXY_FLAGS, FIXED)  # its table in docs/limits.md
 PLATFORM_FLAGS = (UPSTREAM, PLATFORM_FORWARDING, FUNCTION, BILLING, COMMAND)  # python -m streamlab platform's --help
 # The platform's table lists only what it adds to the proxy's, and the one default it changes.
 PLATFORM_SETTINGS = (Settings("The proxy's settings the platform changes", _PLATFORM_BLOCK), FUNCTION, BILLING)
-REQUIRED = ("upstream", "max_duration")  # flags with no default to fall back on
-
-
-class _Required:
-    """An argument group whose flags must be given: stands where ``Setting.add_to`` expects a parser."""
-
-    def __init__(self, group: Any) -> None:
-        self._group = group
-
-    def add_argument(self, *flags: str, **options: Any) -> Any:
-        return self._group.add_argument(*flags, required=True, **options)
+REQUIRED = tuple(s.name for group in PLATFORM_FLAGS for s in group if s.required)  # flags with no default
 
 
 def add_flags(parser: argparse.ArgumentParser, groups: Iterable[Settings]) -> None:
-    """Each group's flags under its title, as ``Settings.add_to`` does; the ``REQUIRED`` ones required."""
+    """Each group's flags under its title, as ``Settings.add_to`` does (the ``REQUIRED`` ones required)."""
     for group in groups:
-        if not any(s.flag for s in group):
-            continue
-        section = parser.add_argument_group(group.title, group.description or None)
-        for setting in group:
-            setting.add_to(_Required(section) if setting.name in REQUIRED else section)
+        group.add_to(parser)
 
 
 def make_proxy_config(name: str, groups: Sequence[Settings], *, module: str, doc: str) -> type:

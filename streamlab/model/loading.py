@@ -16,6 +16,7 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -377,6 +378,102 @@ def _convert_into(folder: Path, gguf: Path, say: Any) -> None:
     tokenizer.save_pretrained(folder)
 
 
+# How long the hub may take to accept a connection before a model id it would serve is given up on.
+HUB_PROBE_SECONDS = 2.0
+
+
+def _offline_switch() -> str | None:
+    """The variable that switched the hub off (``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``), or None."""
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable):
+            return f"{variable}={os.environ[variable]}"
+    return "HF_HUB_OFFLINE"
+
+
+def _hub_address() -> tuple[str, str, int]:
+    """The hub's URL, and the host and port a connection to it opens (its proxy's, where one is set)."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
+        url = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    return constants.ENDPOINT, url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+
+
+def hub_unreachable(seconds: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the model hub cannot be reached from here, or None when it accepted a connection within ``seconds``.
+
+    huggingface_hub retries a request that found no network five times,
+    sleeping 1, 2, 4, 8 and 8 s in between (no setting turns that off), and
+    each model file asks again: a misspelt id on a machine with no network
+    took 82 s and 34 lines of retries before its one line (issue 28). One TCP
+    connection tells the same in a moment. The name lookup runs in a thread
+    of its own, because ``getaddrinfo`` takes no timeout and a resolver that
+    does not answer holds it for far longer than ``seconds``.
+    """
+    endpoint, host, port = _hub_address()
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=seconds).close()
+            outcome.append(None)
+        except socket.gaierror as exc:
+            outcome.append(f"no address for {host}: {exc.strerror or exc}")
+        except OSError as exc:
+            outcome.append(f"{host}:{port}: {exc.strerror or exc}")
+
+    thread = threading.Thread(target=probe, name="streamlab-hub-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        return f"{endpoint} did not answer within {seconds:g} s"
+    if outcome[0] is None:
+        return None
+    return f"{endpoint} cannot be reached ({outcome[0]})"
+
+
+def hub_options(source: str) -> dict[str, Any]:
+    """What ``from_pretrained`` takes to load ``source`` without waiting on a hub that will not answer.
+
+    A folder needs nothing. A hub id whose files are already in the Hugging
+    Face cache loads from there (``local_files_only``: no request at all).
+    Any other id needs the hub: when it is switched off or does not accept a
+    connection within :data:`HUB_PROBE_SECONDS`, that is one line now,
+    rather than a minute of huggingface_hub's retries before the same line.
+    """
+    if Path(source).expanduser().is_dir():
+        return {}
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json")
+    except ValueError as exc:  # huggingface_hub's HFValidationError: not the shape of an id
+        said = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"model {source!r} is neither a folder here nor a Hugging Face model id ({said}):"
+                         f" {_NAME_ANOTHER}") from None
+    if isinstance(cached, str):
+        return {"local_files_only": True}
+    switch = _offline_switch()
+    if switch:
+        raise ModelError(f"model {source!r} is not in the local Hugging Face cache, and the hub is switched off"
+                         f" ({switch}): {_NAME_ANOTHER}; or unset {switch.split('=')[0]} to download it")
+    why = hub_unreachable()
+    if why:
+        raise ModelError(f"model {source!r} is neither a folder here nor in the Hugging Face cache, and the hub"
+                         f" {why}: {_NAME_ANOTHER}; or go online to download it (HF_ENDPOINT names another hub)")
+    return {}
+
+
 def resolve_model(name: str | None = None, cache_dir: Path | None = None) -> tuple[str, str]:
     """Return ``(display name, what from_pretrained loads)`` for a model name."""
     name = name or os.environ.get("STREAMLAB_MODEL") or DEFAULT_MODEL
@@ -390,10 +487,12 @@ def load_tokenizer(name: str | None = None, *, cache_dir: Path | None = None) ->
     from transformers import AutoTokenizer
 
     _quiet_transformers()
-    return AutoTokenizer.from_pretrained(resolve_model(name, cache_dir)[1])
+    source = resolve_model(name, cache_dir)[1]
+    _check_folder(source)
+    return AutoTokenizer.from_pretrained(source, **hub_options(source))
 
 
-def _import_model_code(source: str) -> None:
+def _import_model_code(source: str, hub: dict[str, Any]) -> None:
     """Import the model's Python class before the clock runs.
 
     transformers imports each architecture's module lazily, on the first load
@@ -403,7 +502,7 @@ def _import_model_code(source: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, **hub)
         AutoModelForCausalLM._model_mapping[type(config)]
     except (KeyError, ValueError, OSError):
         pass  # from_pretrained below reports real problems with a clear message
@@ -447,21 +546,20 @@ def load_model(
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
+        hub: dict[str, Any] = {}
         try:
             _check_folder(source)
             code_loaded = time.perf_counter()
-            _import_model_code(source)
+            hub = hub_options(source)  # here, not later: a hub that will not answer is one line, now
+            _import_model_code(source, hub)
             started += time.perf_counter() - code_loaded
-            tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev, fmt))
+            tokenizer = AutoTokenizer.from_pretrained(source, **hub)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=pick_dtype(dev, fmt), **hub)
         except (OSError, ValueError) as exc:  # transformers' word for "not here", "not a model", "no hub"
-            offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
             said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if offline:
-                why = "is not in the local Hugging Face cache, and the hub is switched off (HF_HUB_OFFLINE=1)"
-            else:
-                why = f"could not be loaded ({said.rstrip('.')}); the model hub may be unreachable from here"
-            raise ModelError(f"model {source!r} {why}: {_NAME_ANOTHER}") from exc
+            where = " from the Hugging Face cache, which holds only part of it" if hub.get("local_files_only") else ""
+            raise ModelError(f"model {source!r} could not be loaded{where} ({said.rstrip('.')}): {_NAME_ANOTHER}"
+                             ) from exc
         model.to(dev)
         model.eval()
         from streamlab.model.precision import Format, Runner, prepare_model

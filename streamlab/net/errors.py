@@ -16,13 +16,15 @@ net layer is where the I/O they share already lives.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
 import re
 import socket
-from typing import NoReturn
+import sys
+from typing import Any, NoReturn
 
-__all__ = ["DEBUG", "DEBUG_EPILOG", "ArgumentParser", "UserError", "debugging", "listen_error", "one_line"]
+__all__ = ["DEBUG", "DEBUG_EPILOG", "REQUIRED_NOTE", "ArgumentParser", "UserError", "debugging", "listen_error", "one_line"]
 
 DEBUG = "STREAMLAB_DEBUG"
 # The last line of every command's --help, so that the way to the traceback is written where it is looked for.
@@ -78,11 +80,18 @@ def listen_error(err: OSError, host: str | None = None, port: int | None = None,
     return None
 
 
+_UNKNOWN = "unrecognized arguments: "
+_MISSING = "the following arguments are required: "
+REQUIRED_NOTE = " (required)"  # what the help of a flag that must be given ends with, in place of its default
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, but a wrong flag is one line (with where to read every flag), and --help ends on DEBUG_EPILOG.
 
     argparse prints the whole usage first, which for ``serve`` is a screenful
-    of flags above the line that matters.
+    of flags above the line that matters. The line names the flag nearest to
+    a misspelt one (``--modle``: did you mean ``--model``?), and what a
+    missing required flag takes.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -90,5 +99,44 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs["epilog"] = f"{epilog}\n\n{DEBUG_EPILOG}" if epilog else DEBUG_EPILOG
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = [str(word) for word in (sys.argv[1:] if args is None else args)]  # for error()
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}: {self.prog} --help lists every option")
+        raise UserError(f"{self._explained(message)}: {self.prog} --help lists every option")
+
+    def _explained(self, message: str) -> str:
+        """argparse's message, with the nearest flag to each one it did not know, and what a missing one is.
+
+        argparse learnt to suggest a flag only in Python 3.14 (``suggest_on_error``),
+        and says of a missing required flag only its name.
+        """
+        unknown = message.startswith(_UNKNOWN)
+        missing = message.startswith(_MISSING)
+        if not (unknown or missing):
+            return message
+        words = message.split(": ", 1)[1].replace(",", " ").split()
+        strangers = [word for word in getattr(self, "_given", ()) if word.startswith("--") and not self._knows(word)]
+        if missing and strangers:  # argparse tells a missing flag first, when the stranger is that flag misspelt
+            unknown, words, message = True, strangers, _UNKNOWN + " ".join(strangers)
+        if unknown:
+            known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+            near = {word: difflib.get_close_matches(word.split("=", 1)[0], known, n=1) for word in words
+                    if word.startswith("-")}
+            hints = [f"{close[0]} for {word}" if len(near) > 1 else close[0] for word, close in near.items() if close]
+            return f"{message} (did you mean {', '.join(hints)}?)" if hints else message
+        needed = []
+        for word in words:
+            action = self._option_string_actions.get(word)
+            if action is None:
+                continue
+            value = f" {action.metavar}" if action.metavar and action.nargs != 0 else ""
+            what = (action.help or "").replace(REQUIRED_NOTE, "").replace("%%", "%").strip()
+            needed.append(f"{word}{value}" + (f", {what}" if what else ""))
+        return f"{message} ({self.prog} needs {'; '.join(needed)})" if needed else message
+
+    def _knows(self, word: str) -> bool:
+        """Whether ``word`` is one of the flags, or an abbreviation argparse takes for one."""
+        name = word.split("=", 1)[0]
+        return name == "--" or any(flag.startswith(name) for flag in self._option_string_actions)

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from streamlab.net.errors import REQUIRED_NOTE
+
+
 class _Nothing:
     """"Not given", where None is a meaningful value (``none_at=None`` would be one)."""
 
@@ -64,6 +67,8 @@ class Setting:
     ``True`` off), ``none_at`` (the flag value that means "no limit", stored as
     ``None``: ``--max-queued 0``) and ``convert`` (anything else). ``field``
     is false for a flag the command reads and the config does not keep.
+    ``required``: a flag that must be given (its default is what a config
+    built in Python holds), shown so in the usage line and in ``--help``.
     """
 
     name: str
@@ -82,6 +87,7 @@ class Setting:
     show: str | None = None  # how to write the default when its value says too little ("$STREAMLAB_MODEL")
     field: bool = True
     annotation: Any = None  # the config field's type, when the derived one is wrong
+    required: bool = False
 
     def __post_init__(self) -> None:
         if self.flag == "":
@@ -90,6 +96,10 @@ class Setting:
             raise ValueError(f"{self.name}: a switch takes no value to repeat, choose or turn off")
         if self.flag is None and self.aliases:
             raise ValueError(f"{self.name}: aliases of no flag")
+        if self.flag is None and self.required:
+            raise ValueError(f"{self.name}: required, but there is no flag to give")
+        if self.required and self.switch:
+            raise ValueError(f"{self.name}: a switch that must be given would always be on")
 
     @property
     def dest(self) -> str:
@@ -125,6 +135,8 @@ class Setting:
         """The default as help and tables write it: with its unit, or what it means."""
         if self.show is not None:
             return self.show
+        if self.required:
+            return "required"
         if self.switch:
             return "off"
         value = self.default
@@ -147,8 +159,9 @@ class Setting:
         return f"{self.flag} {self._metavar()}"
 
     def help_text(self) -> str:
-        """The help with the default and its unit at the end, %-escaped for argparse."""
-        text = f"{self.help} (default: {self.shown()})" if self.help else f"(default: {self.shown()})"
+        """The help with the default and its unit at the end (or that it must be given), %-escaped for argparse."""
+        end = REQUIRED_NOTE.strip() if self.required else f"(default: {self.shown()})"
+        text = f"{self.help} {end}" if self.help else end
         return text.replace("%", "%%")
 
     def field_type(self) -> Any:
@@ -186,6 +199,8 @@ class Setting:
             options["metavar"] = self._metavar()
         if self.repeat:
             options["action"] = "append"
+        if self.required:
+            options["required"] = True
         parser.add_argument(self.flag, *self.aliases, dest=self.dest, **options)
 
 
@@ -234,6 +249,13 @@ class Settings:
     def default(self, name: str) -> Any:
         return self._by_name[name].default
 
+    def flag(self, name: str) -> str:
+        """The flag that sets ``name``, as declared: what a refusal names, so it cannot drift from ``--help``."""
+        flag = self._by_name[name].flag
+        if flag is None:
+            raise ValueError(f"{self.title}: {name} has no flag to name")
+        return flag
+
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """Add every flag of the group to ``parser``, under the group's title in ``--help``."""
         if not any(s.flag for s in self.settings):
@@ -241,6 +263,14 @@ class Settings:
         group = parser.add_argument_group(self.title, self.description or None)
         for setting in self.settings:
             setting.add_to(group)
+
+
+def flag_of(name: str, *groups: Settings) -> str:
+    """The flag of the setting ``name``, in whichever of ``groups`` declares it (``max_body``: ``--max-body``)."""
+    for group in groups:
+        if name in group:
+            return group.flag(name)
+    raise KeyError(f"no setting {name!r} in {', '.join(g.title for g in groups)}")
 
 
 def _flat(groups: Iterable[Settings | Setting]) -> list[Setting]:

@@ -24,6 +24,7 @@ from streamlab.protocol.endings import SERVER_SHUTDOWN
 from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
+from streamlab.server.config import flag as config_flag
 from streamlab.server.connection import ClientConnection, ClientGone
 from streamlab.server.sources import gateway_failure, source_for
 from streamlab.server.formats import Format, StreamlabFormat
@@ -148,9 +149,10 @@ class Server:
             self._listener = None
             raise
         recovered = self._store.recover_interrupted()
-        answers = "1 answer" if recovered == 1 else f"{recovered} answers"  # the operator's line, worded by its count
-        print(f"streamlab: store {self._store.path}: {answers} left streaming by a crash, marked interrupted",
-              file=sys.stderr, flush=True)
+        # The operator's line: where the store is, and only when a crash left some, how many answers it marked.
+        answers = "1 answer" if recovered == 1 else f"{recovered} answers"
+        crashed = f": {answers} left streaming by a crash, marked interrupted" if recovered else ""
+        print(f"streamlab: store {self._store.path}{crashed}", file=sys.stderr, flush=True)
         return self.port
 
     async def start(self, lm: Any = None) -> int:
@@ -228,7 +230,8 @@ class Server:
         assert task is not None
         if len(self._connections) >= self.config.max_connections:
             headers = [("Retry-After", str(RETRY_AFTER))]
-            message = f"{len(self._connections)} connections are open, the limit"
+            message = (f"{len(self._connections)} connections are open, the limit"
+                       f" ({config_flag('max_connections')} {self.config.max_connections})")
             await responses.refuse(client, 503, message, headers)
             return
         self._connections[task] = client

@@ -21,7 +21,7 @@ import argparse
 
 from streamlab.model.generation import PREFILL_CHUNK
 from streamlab.net.errors import ArgumentParser
-from streamlab.net.settings import Setting, Settings, config_values, fixed, make_config
+from streamlab.net.settings import Setting, Settings, config_values, fixed, flag_of, make_config
 
 READ_SIZE = 65536  # bytes asked of the socket per read: a buffer size, not a limit
 # The names a browser may use for this server. Any other Host is a page that
@@ -244,6 +244,11 @@ RETRY_MS = FIXED.default("retry_ms")
 MAX_LOG_RECORDS = FIXED.default("max_log_records")
 
 
+def flag(name: str) -> str:
+    """The ``serve`` flag that changes the setting ``name``: a refusal at a limit names it, read from here."""
+    return flag_of(name, *SETTINGS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m streamlab serve``'s flags, a section per group, every default shown with its unit."""
     p = ArgumentParser(
@@ -258,18 +263,24 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+
+    def flags(*names: str) -> str:
+        named = [flag(name) for name in names]
+        return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+
     if args.max_active < 1 or args.max_connections < 1 or args.backlog < 1:
-        p.error("--max-active, --max-connections and --backlog must be at least 1")
+        p.error(f"{flags('max_active', 'max_connections', 'backlog')} must be at least 1")
     if args.max_head < 1 or args.max_body < 0 or args.keep_generations < 0:
-        p.error("--max-head must be at least 1, --max-body and --keep-generations cannot be negative")
+        p.error(f"{flag('max_head')} must be at least 1, {flags('max_body', 'keep_generations')} cannot be negative")
     if args.max_queued < 0 or args.slow_reader_timeout < 0:
-        p.error("--max-queued and --slow-reader-timeout cannot be negative (0: no limit)")
+        p.error(f"{flags('max_queued', 'slow_reader_timeout')} cannot be negative (0: no limit)")
     if args.max_waiting < 0:
-        p.error("--max-waiting cannot be negative (0: no line)")
+        p.error(f"{flag('max_waiting')} cannot be negative (0: no line)")
     if args.events is not None and (args.forget or not args.events.startswith(("redis://", "rediss://", "unix://"))):
-        p.error("--events takes a Redis URL (redis://HOST:PORT), and no --forget (the shared log keeps every event)")
+        p.error(f"{flag('events')} takes a Redis URL (redis://HOST:PORT), and no {flag('forget')} (the shared log"
+                " keeps every event)")
     if args.scripted_rate is not None and (args.scripted_rate <= 0 or args.upstream):
-        p.error("--scripted-rate takes a positive number of tokens/s, and no --upstream")
+        p.error(f"{flag('scripted_rate')} takes a positive number of tokens/s, and no {flag('upstream')}")
     return args
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.server.config import LOOPBACK_HOSTS
+from streamlab.server.config import LOOPBACK_HOSTS, flag
 
 
 def host_name(value: str) -> str:
@@ -54,7 +54,8 @@ class Guards:
                 raise HTTPError(400, "an HTTP/1.1 request needs a Host header")
             return
         if host_name(value) not in self.hosts:
-            raise HTTPError(403, f"Host {value!r} is not one of this server's names")
+            raise HTTPError(403, f"Host {value!r} is not one of this server's names: to answer it, start the"
+                            f" server with {flag('allowed_hosts')} {host_name(value)}")
 
     def check_origin(self, request: Request) -> None:
         """403 when a browser says the request comes from a page of another origin."""
@@ -62,8 +63,12 @@ class Guards:
         if origin is None:
             return
         parts = urlsplit(origin.strip().lower())
-        if parts.scheme not in ("http", "https") or f"{parts.scheme}://{parts.netloc}" not in self.origins:
-            raise HTTPError(403, f"origin {origin!r} is not allowed")
+        if parts.scheme not in ("http", "https") or not parts.netloc:  # 'null' (a sandboxed page), a file: URL
+            raise HTTPError(403, f"origin {origin!r} is not allowed, and cannot be ({flag('allowed_origins')} takes"
+                            " http(s) origins only)")
+        if f"{parts.scheme}://{parts.netloc}" not in self.origins:
+            raise HTTPError(403, f"origin {origin!r} is not allowed: to accept it, start the server with"
+                            f" {flag('allowed_origins')} {parts.scheme}://{parts.netloc}")
 
     @staticmethod
     def check_json(request: Request) -> None:

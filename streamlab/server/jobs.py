@@ -38,7 +38,7 @@ from streamlab.protocol.endings import (
     stop_reason_for,
 )
 from streamlab.server.store import AnswerWriter, Store
-from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig
+from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig, flag
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
 from streamlab.server.requests import GenerationRequest, check_context
 from streamlab.server.silence import Silence
@@ -259,10 +259,12 @@ class Jobs:
         if taken < config.max_active and not self.queue:
             ahead = None
         elif config.admission == "refuse" or config.max_active < 1:  # a line in front of no slot would never move
-            raise busy(f"{taken} generations are running, the limit is {config.max_active}")
+            instead = f"; with {flag('admission')} queue, requests wait in line" if config.admission == "refuse" else ""
+            raise busy(f"{taken} generations are running, the limit is {config.max_active}"
+                       f" ({flag('max_active')}{instead})")
         elif len(self.queue) >= config.max_waiting:
             raise busy(f"{taken} generations are running and the line is full ({len(self.queue)} waiting,"
-                       f" --max-waiting {config.max_waiting})")
+                       f" {flag('max_waiting')} {config.max_waiting})")
         else:
             ahead = len(self.queue)
         record = LogRecord(id=request_id or self.new_id(), path=path, naive=config.naive, generation_id=generation_id,

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from streamlab.net.errors import UserError
+from streamlab.server.config import flag
 
 __all__ = ["CHOOSE", "UserError", "make_folder", "opening", "unusable"]
 
-CHOOSE = "choose another file with --db, or another folder with STREAMLAB_DATA"  # the fix for every unusable file
+# The fix for every unusable file.
+CHOOSE = f"choose another file with {flag('db_path')}, or another folder with STREAMLAB_DATA"
 
 
 def make_folder(path: Path) -> None:

@@ -194,7 +194,9 @@ class WebSocketSession:
             await self.send_json(error_body(err.status, err.message))
             busy = err.status == 503
             code = TRY_AGAIN_LATER if busy else int(ws.CloseCode.POLICY_VIOLATION)
-            self._end(code, "server busy" if busy else "bad request")
+            # A close reason holds at most 123 bytes (RFC 6455 5.5): the refusal, which names its flag, cut to fit.
+            reason = err.message.encode("utf-8")[:120].decode("utf-8", "ignore") if busy else "bad request"
+            self._end(code, reason)
             return False
         job = None
         try:

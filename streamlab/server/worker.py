@@ -60,7 +60,7 @@ NEW_JOB_BLOCK_MS = 500  # how long one XREADGROUP waits for a new job before loo
 WORKER = Settings(
     "The worker",
     Setting("redis", None, "", "take jobs from, and write events to, this Redis (the URL the replicas' --events"
-            " name)", metavar="URL", type=str, show="required"),
+            " name)", metavar="URL", type=str, required=True),
     Setting("model", None, "", "Hugging Face id or folder to load", metavar="MODEL",
             show="$STREAMLAB_MODEL, else the embedded model"),
     Setting("name", None, "", "this worker's consumer name in the group", type=str, metavar="NAME",
@@ -258,7 +258,7 @@ async def reachable(url: str) -> None:
     try:
         await redis.ping()
     except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError, TimeoutError
-        raise UserError(f"--redis {url}: no Redis answers there ({err})") from None
+        raise UserError(f"{WORKER.flag('redis')} {url}: no Redis answers there ({err})") from None
     finally:
         await redis.aclose()
 
@@ -283,12 +283,14 @@ async def work(lm: Any, url: str, *, name: str | None, claim_idle: float, config
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.redis:
-        raise UserError("worker needs --redis URL: the Redis the replicas' serve --events names")
+    redis = WORKER.flag("redis")
+    if not args.redis:  # given, but empty
+        raise UserError(f"worker needs {redis} URL: the Redis the replicas' serve --events names")
     if not args.redis.startswith(("redis://", "rediss://", "unix://")):
-        raise UserError(f"--redis {args.redis}: give a Redis URL, redis://HOST:PORT")
+        raise UserError(f"{redis} {args.redis}: give a Redis URL, redis://HOST:PORT")
     if args.claim_idle <= 0 or args.token_delay < 0:
-        raise UserError("--claim-idle must be positive and --token-delay cannot be negative")
+        raise UserError(f"{WORKER.flag('claim_idle')} must be positive and {WORKER.flag('token_delay')} cannot be"
+                        " negative")
     asyncio.run(reachable(args.redis))
     from streamlab.server.command import load_and_say
 
