@@ -19,6 +19,7 @@ import asyncio
 import os
 import statistics
 import time
+from types import SimpleNamespace
 import uuid
 from typing import Any
 
@@ -46,7 +47,9 @@ def server_cpu(pid: int | None) -> float:
 
 
 async def memory_round(events: int) -> dict[str, float]:
-    run = Run(Ticket(GenerationRequest(prompt="x"), LogRecord(id="1", path="/generations"), [], ()))
+    # A run with no generation behind it (an answer that never started): what is measured is its kept events.
+    ticket = Ticket(GenerationRequest(prompt="x"), LogRecord(id="1", path="/generations"), [], ())
+    run = Run(SimpleNamespace(ticket=ticket, job=None))
     got = 0
 
     async def read() -> None:

@@ -20,21 +20,22 @@ from typing import Any, Awaitable, Callable
 from streamlab.net.errors import listen_error
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.protocol.endings import SERVER_SHUTDOWN
 from streamlab.server.store import STREAMING, Store
 from streamlab.server import anthropic_api, openai_api, queues, responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
 from streamlab.server.config import flag as config_flag
 from streamlab.server.connection import ClientConnection, ClientGone
-from streamlab.server.sources import gateway_failure, source_for
+from streamlab.server.sources import source_for
 from streamlab.server.formats import Format, StreamlabFormat
 from streamlab.server.guards import Guards
-from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, busy, error_body, title
+from streamlab.server.answer import Answer
+from streamlab.server.deliveries import EventDelivery, WholeDelivery
+from streamlab.server.jobs import Job, Jobs, LogRecord, error_body, title
 from streamlab.server.fields import ignored_header
 from streamlab.server.requests import GenerationRequest, parse_generation_request
 from streamlab.server.resumable import Registry
 from streamlab.server.shared_log import SharedRegistry
-from streamlab.server.streams import EventStream, format_events, wait_in_line
+from streamlab.server.streams import EventStream
 from streamlab.server.websocket_session import WebSocketSession
 
 Handler = Callable[..., Awaitable[bool]]
@@ -327,107 +328,38 @@ class Server:
         return await responses.respond_json(client, request, openai_api.models_body(self.source.name))
 
     async def _whole(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
-        """The whole answer in one JSON body, in the route's format; nothing is written until the end.
-
-        So the reader waits for all of it (its turn in line first, if it must),
-        and the only way to notice one who gave up is to watch for EOF. Each
-        piece is stored as it is made: a crash must not lose it all.
-        """
-        jobs = self.jobs
-        ticket = jobs.admit(request.path, req)
-        job = None
+        """The whole answer in one JSON body, in the route's format (``WholeDelivery``); True: keep the connection."""
+        answer = Answer(self.jobs, request.path, req, client=client, counts_pieces=False)
+        delivery = WholeDelivery(client, request, fmt, self._refusal(client, request), ignored_header(req.ignored))
         try:
-            if not await jobs.wait_turn(client, ticket):
-                if ticket.left == SERVER_SHUTDOWN:  # still there, and nothing written yet: a 503 can say so
-                    raise busy("the server is shutting down; this request's turn never came")
-                return False
-            job = jobs.start(ticket)
-            async with jobs.watching(client, job):
-                async for piece in job.generation.pieces():
-                    job.answer.append(piece.text, piece.tokens)
-                await jobs.finish(job)
-            if job.record.client_left:
-                return False
-            status, body = fmt.whole(job)
-            failure = gateway_failure(job.generation) if status >= 500 else None
-            if failure is not None:
-                return await self._gateway_refusal(client, request, job, failure)
-            if status >= 500:
-                await responses.refuse(client, status, "", job.headers(), lambda *_: body)
-                return False
-            headers = job.headers() + ignored_header(req.ignored)
-            keep_alive = await responses.respond_json(client, request, body, headers, status=status)
-            job.record.pieces_sent = 1
-            return keep_alive
-        except ClientGone as gone:
-            jobs.stop(job, gone.signal) if job is not None else jobs.leave(ticket, gone.signal)
+            await answer.run(delivery)
+        except ClientGone:
             return False
-        finally:
-            await self._done_with(ticket, job)
+        return delivery.keep_alive and answer.gone is None
 
     async def _stream(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
-        """The one streaming loop of every generating SSE route: the format's events as the pieces come.
-
-        A reader who must wait in line gets the head at once, then its place
-        (or keep-alives) until its turn; the others get the head with the
-        generation's own headers, as soon as it has started.
-        """
-        jobs = self.jobs
-        ticket = jobs.admit(request.path, req)
+        """The one streaming path of every generating SSE route: the answer's steps as the format's events."""
+        answer = Answer(self.jobs, request.path, req, client=client)
         said = ignored_header(req.ignored)
-        stream = EventStream(client, request, headers=ticket.headers() + said, accel_header=self.config.accel_header)
-        job = None
+        stream = EventStream(client, request, headers=answer.ticket.headers() + said,
+                             accel_header=self.config.accel_header)
+        delivery = EventDelivery(stream, fmt, self._refusal(client, request), said)
         try:
-            if not await wait_in_line(jobs, ticket, stream, fmt):
-                return False
-            job = jobs.start(ticket)
-            failure = None if stream.opened else await self._upstream_failure(client, job)
-            if failure is not None:
-                return await self._gateway_refusal(client, request, job, failure)
-            async with jobs.watching(client, job):
-                if not stream.opened:
-                    stream.headers = job.headers() + said
-                    await stream.open()
-                await stream.pump(format_events(jobs, job, fmt, self.config.ping_interval))
-            await stream.close()
-        except ClientGone as gone:
-            jobs.stop(job, gone.signal) if job is not None else jobs.leave(ticket, gone.signal)
-        finally:
-            await self._done_with(ticket, job)
-        return stream.keep_alive and job is not None and job.record.stop_signal is None
+            await answer.run(delivery)
+        except ClientGone:
+            return False
+        return delivery.keep_alive and answer.served and answer.job.record.stop_signal is None
 
-    async def _upstream_failure(self, client: ClientConnection, job: Job) -> tuple[int, str] | None:
-        """A relay opens its stream once its upstream has answered, so that a failure there gets a status of its own.
+    def _refusal(self, client: ClientConnection, request: Request) -> Callable[[Job, tuple[int, str]], Awaitable[None]]:
+        """How this route says its upstream failed, not this server (502, 504...): as a gateway does, in its API."""
 
-        A model in this process has nothing to wait for.
-        """
-        answered = getattr(job.generation, "answered", None)
-        if answered is None:
-            return None
-        async with self.jobs.watching(client, job):
-            await answered()
-        return gateway_failure(job.generation)
+        async def refuse(job: Job, failure: tuple[int, str]) -> None:
+            status, message = failure
+            errors = error_format(request.path) or (lambda code, text: {**error_body(code, text),
+                                                                         "id": job.record.id, **job.ids()})
+            await responses.refuse(client, status, message, job.headers(), errors)
 
-    async def _gateway_refusal(self, client: ClientConnection, request: Request, job: Job,
-                               failure: tuple[int, str]) -> bool:
-        """The upstream failed, not this server: say so as a gateway does (502, 504...), in the route's API."""
-        status, message = failure
-        errors = error_format(request.path) or (lambda code, text: {**error_body(code, text), "id": job.record.id,
-                                                                     **job.ids()})
-        await responses.refuse(client, status, message, job.headers(), errors)
-        return False
-
-    async def _done_with(self, ticket: Ticket, job: Job | None) -> None:
-        """A handler's last word on its request: the generation's finish, or its place in line given up.
-
-        Only a handler cancelled at shutdown gets here with a ticket it neither
-        used nor gave up, so that is the signal it leaves with: no way out of a
-        handler may keep a place, or a slot, that nobody will use.
-        """
-        if job is not None:
-            await self.jobs.finish(job)
-        else:
-            self.jobs.leave(ticket, SERVER_SHUTDOWN)
+        return refuse
 
     async def websocket(self, client: ClientConnection, request: Request) -> bool:
         """``GET /ws``: check the upgrade and its Origin, answer 101, then speak frames."""

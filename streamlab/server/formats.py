@@ -1,9 +1,9 @@
 """How each API spells an answer: one ``Format`` per wire format, plugged into the one streaming path.
 
-Every generating route runs the same machinery (admission, the user's turn,
-the generation, the disconnect watch, the stored answer, ``/log``) and the
-same loop (``streams.format_events`` for a stream, ``app.Server._whole`` for
-a whole answer). What differs between streamlab's own events, OpenAI's
+Every generating route runs the same answer (``answer.Answer``: admission,
+the user's turn, the generation, the disconnect watch, the stored answer,
+``/log``) and delivers it the same way (``deliveries.EventDelivery`` for a
+stream, ``deliveries.WholeDelivery`` for a whole answer). What differs between streamlab's own events, OpenAI's
 ``chat.completion.chunk`` and Anthropic's Messages events is only how a
 place in line, a beginning, a piece, a silence, an ending and an error are
 written. That is a ``Format``; this module holds the base and streamlab's

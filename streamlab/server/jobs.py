@@ -533,13 +533,15 @@ async def pieces_or_pings(generation: PieceSource, interval: float) -> AsyncIter
         await pieces.aclose()
 
 
-async def delivered(job: Job, ping_interval: float) -> AsyncIterator[Piece | None]:
+async def delivered(job: Job, ping_interval: float, *, counted: bool = True) -> AsyncIterator[Piece | None]:
     """The pieces to send (``None``: time for a keep-alive); each counted and stored once it was sent.
 
     The bookkeeping after ``yield`` runs only when the caller asks for the
     next piece, i.e. after its write of this one succeeded: the stored
     answer is what left the server, never more. The server's copy is the
     record, not the client's: the client may be gone, or may not tell the truth.
+    ``counted`` false: the pieces are stored, not counted as sent (a whole
+    answer is sent once, at its end).
 
     It reads the source with its keep-alive timer itself, as
     ``pieces_or_pings`` does, rather than through it: every async generator
@@ -553,7 +555,7 @@ async def delivered(job: Job, ping_interval: float) -> AsyncIterator[Piece | Non
         async for piece in pieces:
             yield piece
             if piece is not None:
-                record.pieces_sent += 1
+                record.pieces_sent += counted
                 answer.append(piece.text, piece.tokens)
     finally:
         silence.close()

@@ -22,12 +22,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from streamlab.protocol.endings import CANCEL, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS, SERVER_SHUTDOWN
+from streamlab.protocol.endings import CANCEL, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS
 from streamlab.protocol.http_head import HTTPError, Request
 from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event
+from streamlab.model.generation import Piece
+from streamlab.server.answer import Answer
 from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
 from streamlab.server.requests import GenerationRequest, last_event_id
 from streamlab.server.streams import EventStream
@@ -45,8 +47,7 @@ class Run:
     (``ahead``: its place) and for ever if it left the line.
     """
 
-    ticket: Ticket
-    job: Job | None = None
+    answer: Answer
     ahead: int | None = None
     events: list[tuple[str, Any]] = field(default_factory=list)
     ended: bool = False
@@ -61,6 +62,14 @@ class Run:
         return not self.ended and not self.record.done
 
     @property
+    def ticket(self) -> Ticket:
+        return self.answer.ticket
+
+    @property
+    def job(self) -> Job | None:
+        return self.answer.job
+
+    @property
     def record(self) -> LogRecord:
         return self.ticket.record
 
@@ -72,7 +81,7 @@ class Run:
             self.over.set()
         self.wake()
 
-    def place(self, ahead: int | None) -> None:
+    def place_now(self, ahead: int | None) -> None:
         """Its place in line changed (None: its turn came): tell the readers."""
         self.ahead = ahead
         self.wake()
@@ -108,6 +117,26 @@ class Run:
                 await asyncio.wait_for(self.changed.wait(), ping_interval if ping_interval > 0 else None)
             except asyncio.TimeoutError:
                 yield None
+
+
+    # -- as the answer's delivery (``streamlab.server.answer.Delivery``): events kept, whoever reads them --
+
+    async def place(self, answer: Answer, ahead: int | None) -> None:
+        if ahead is not None:  # its readers send their own keep-alives
+            self.place_now(ahead)
+
+    async def opening(self, answer: Answer) -> bool:
+        self.place_now(None)
+        return True
+
+    async def piece(self, answer: Answer, piece: Piece) -> None:
+        self.add("message", {"text": piece.text})
+
+    async def silence(self, answer: Answer) -> None:
+        return None
+
+    async def ending(self, answer: Answer) -> None:
+        self.add(*answer.ending(), last=True)
 
 
 @dataclass(eq=False)
@@ -195,15 +224,15 @@ class Registry:
             resource = GenerationResource(generation_id, req, self.jobs.begin_turn(req), keeps_events=False)
             self._remember(resource)
             return resource
-        ticket = self.jobs.admit("/generations", req, generation_id=generation_id)
+        answer = Answer(self.jobs, "/generations", req, generation_id=generation_id, client=None)
         try:
-            turn = self.jobs.commit_ticket(ticket)
+            turn = self.jobs.commit_ticket(answer.ticket)
         except BaseException:
-            self.jobs.leave(ticket, ERROR)
+            answer.stop(ERROR)
             raise
         resource = GenerationResource(generation_id, req, turn)
         self._remember(resource)
-        self.start_grace(self._run(resource, ticket))
+        self.start_grace(self._run(resource, answer))
         return resource
 
     # -- the four routes (``shared_log.SharedRegistry`` answers the same, from Redis) ----------
@@ -275,44 +304,31 @@ class Registry:
             for generation_id in over[:excess]:
                 del self.resources[generation_id]
 
-    def _run(self, resource: GenerationResource, ticket: Ticket) -> Run:
-        """A new run of the resource's request, admitted as ``ticket``: it produces now, or once its turn comes.
+    def _run(self, resource: GenerationResource, answer: Answer) -> Run:
+        """A new run of the resource's request, admitted as ``answer``: it produces now, or once its turn comes.
 
         Given a slot at once, it starts here, before the 201 (or the stream)
         goes out, so that they can name its answer's row.
         """
-        run = resource.run = Run(ticket, ahead=ticket.ahead)
-        if not ticket.waiting:
-            run.job = self.jobs.start(ticket)
+        run = resource.run = Run(answer, ahead=answer.ticket.ahead)
+        if not answer.ticket.waiting:
+            answer.start()
         task = asyncio.create_task(self._produce(run))
         self.producers.add(task)
         task.add_done_callback(self.producers.discard)
         return run
 
     async def _produce(self, run: Run) -> None:
-        """Wait in line, then turn each piece into a numbered event and store it, whether anyone reads or not."""
-        jobs, ticket, job = self.jobs, run.ticket, run.job
+        """The answer's steps with the run as their delivery: each piece a numbered event, read or not.
+
+        Its last event is kept whatever ends it, a cancel at shutdown too.
+        """
         try:
-            if job is None:
-                async for ahead in jobs.in_queue(ticket, 0):  # its readers send their own keep-alives
-                    run.place(ahead)
-                if ticket.left is not None:
-                    return
-                job = run.job = jobs.start(ticket)
-                run.place(None)
-            async for piece in job.generation.pieces():
-                job.answer.append(piece.text, piece.tokens)
-                job.record.pieces_sent += 1
-                run.add("message", {"text": piece.text})
+            await run.answer.run(run)
         finally:
-            if job is not None:
-                await jobs.finish(job)
-                name, data = job.ending()
-            else:
-                jobs.leave(ticket, SERVER_SHUTDOWN)  # only a cancelled producer still holds its place here
-                name, data = ticket.ending()
             self.cancel_grace(run)
-            run.add(name, data, last=True)
+            if not run.ended:
+                run.add(*run.answer.ending(), last=True)
 
     # -- readers ------------------------------------------------------------------
 
@@ -347,8 +363,8 @@ class Registry:
             assert run is not None
         else:
             path = f"/generations/{resource.id}/events"
-            ticket = self.jobs.admit(path, resource.req, turn=resource.turn, generation_id=resource.id)
-            run, after = self._run(resource, ticket), 0
+            answer = Answer(self.jobs, path, resource.req, turn=resource.turn, generation_id=resource.id)
+            run, after = self._run(resource, answer), 0
         run.readers += 1
         self.cancel_grace(run)
         return run, after
@@ -383,10 +399,7 @@ class Registry:
 
     def stop_run(self, run: Run, signal: str) -> None:
         """Stop its generation, or, while it waits in line, take it out (it ends at once, nothing generated)."""
-        if run.job is not None:
-            self.jobs.stop(run.job, signal)
-        else:
-            self.jobs.leave(run.ticket, signal)
+        run.answer.stop(signal)
 
     async def cancel(self, resource: GenerationResource) -> None:
         """The user pressed stop: stop the generation (or its wait in line) and wait (a little) until it has."""

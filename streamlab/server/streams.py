@@ -7,27 +7,26 @@ events, the ``: ping`` comments in the silences, the end of the body, and
 whether the connection outlives it: all here, once. Routes differ only in
 the *source* of events they plug in (a live generation, a kept list of
 numbered events) and in the wire format of each event (a ``Format``: see
-``formats.py``). A reader who waits in line gets the head at once, then its
-place and keep-alives in its format's words (``place_teller``) until its turn.
+``formats.py``). What an answer's steps write on it (a place in line, the
+opening, the pieces, the ending) is ``deliveries.EventDelivery``'s.
 """
 
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, AsyncIterator
 
 from streamlab.protocol import sse
-from streamlab.protocol.endings import EOF, LEAVING_SIGNALS
+from streamlab.protocol.endings import EOF
 from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
 from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
 from streamlab.server.events import Event, dumps
-from streamlab.server.jobs import Job, Jobs, Ticket, delivered
 
 if TYPE_CHECKING:
-    from streamlab.server.formats import Format
+    pass
 
 # Event and dumps moved to events.py; named here too, so that imports from streams keep working.
-__all__ = ["Event", "EventStream", "dumps", "format_events", "place_teller", "wait_in_line"]
+__all__ = ["Event", "EventStream", "dumps"]
 
 
 class EventStream:
@@ -126,54 +125,3 @@ class EventStream:
         except ClientGone as err:
             return err.signal
         return None
-
-
-async def format_events(jobs: Jobs, job: Job, fmt: Format, ping_interval: float) -> AsyncIterator[Event | None]:
-    """A live generation in one API's format: its opening, a piece per piece, its ending.
-
-    ``None`` is a silence for ``EventStream.pump`` to fill with a ping; a
-    format with a ping event of its own (Anthropic's) sends that instead.
-    """
-    for event in fmt.opening(job):
-        yield event
-    async for piece in delivered(job, ping_interval):
-        yield fmt.silence() if piece is None else fmt.piece(piece.text)
-    await jobs.finish(job)
-    for event in fmt.ending(job):
-        yield event
-
-
-def place_teller(stream: EventStream, fmt: Format) -> Callable[[int | None], Awaitable[None]]:
-    """``Jobs.wait_turn``'s ``tell`` for an SSE reader: its place in the format's words, a keep-alive for ``None``.
-
-    streamlab's own events name the place (``event: queued``); OpenAI's and
-    Anthropic's have no word for it, so their readers get only keep-alives
-    (a comment, Anthropic's ``ping``) and their SDKs see nothing new.
-    """
-
-    async def tell(ahead: int | None) -> None:
-        if ahead is None:
-            await stream.send_or_ping(fmt.silence())
-        else:
-            for event in fmt.queued(ahead):
-                await stream.send(event)
-
-    return tell
-
-
-async def wait_in_line(jobs: Jobs, ticket: Ticket, stream: EventStream, fmt: Format) -> bool:
-    """A reader who must wait: the head now (so no hop's idle timeout cuts it), then its place, until its turn.
-
-    False when it left the line first; one still there but shut out (the
-    server is going away) is told so in its format, and its body ended.
-    """
-    if not ticket.waiting:
-        return ticket.left is None
-    await stream.open()
-    if await jobs.wait_turn(stream.client, ticket, place_teller(stream, fmt)):
-        return True
-    if ticket.left not in LEAVING_SIGNALS:
-        for event in fmt.unserved(ticket):
-            await stream.send(event)
-        await stream.close()
-    return False

@@ -28,10 +28,12 @@ from typing import Any, AsyncIterator
 
 from streamlab.protocol import websocket as ws
 from streamlab.protocol.http_head import HTTPError
-from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, SERVER_SHUTDOWN, STOP_MESSAGE
+from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
 from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
-from streamlab.server.jobs import Job, Jobs, Ticket, delivered, error_body
+from streamlab.model.generation import Piece
+from streamlab.server.answer import Answer, Undeliverable
+from streamlab.server.jobs import Jobs, error_body
 from streamlab.server.requests import WS_MESSAGE, parse_generation_request
 from streamlab.server.events import dumps
 
@@ -62,8 +64,7 @@ class WebSocketSession:
         self.conn = ws.Connection(client=False, max_message=MAX_WS_MESSAGE)
         self.state = State.OPEN
         self.inbox: deque[str] = deque()  # request messages not yet served
-        self.job: Job | None = None
-        self.ticket: Ticket | None = None  # the request waiting in line, until its generation starts
+        self.current: Answer | None = None  # the answer being served: in line, or sent
         self.peer_gone = False  # EOF or a failed write: nothing more can be sent either
         self.close_with: tuple[int, str] = (1000, "")
         self.next_id: str | None = first_id  # announced in the 101's X-Request-Id
@@ -157,10 +158,8 @@ class WebSocketSession:
 
     def _stop(self, signal: str) -> None:
         """Stop the answer being sent, or take the request waiting in line out of it."""
-        if self.job is not None:
-            self.jobs.stop(self.job, signal)
-        elif self.ticket is not None:
-            self.jobs.leave(self.ticket, signal)
+        if self.current is not None:
+            self.current.stop(signal)
 
     @asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
@@ -186,10 +185,16 @@ class WebSocketSession:
         return request_id or self.jobs.new_id()
 
     async def answer(self, text: str) -> bool:
-        """Serve one request message; True if the client asked to keep the socket open for more."""
+        """Serve one request message; True if the client asked to keep the socket open for more.
+
+        The answer runs its steps (``Answer.run``) with this session as its
+        delivery while the session reads the peer's frames (a stop, a close,
+        EOF); its ending is sent after that, so that a request sent right
+        after it is read as the next one.
+        """
         try:
             req = parse_generation_request(text, WS_MESSAGE)
-            ticket = self.ticket = self.jobs.admit("/ws", req, self.take_id())
+            answer = self.current = Answer(self.jobs, "/ws", req, self.take_id())
         except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
             await self.send_json(error_body(err.status, err.message))
             busy = err.status == 503
@@ -198,59 +203,51 @@ class WebSocketSession:
             reason = err.message.encode("utf-8")[:120].decode("utf-8", "ignore") if busy else "bad request"
             self._end(code, reason)
             return False
-        job = None
         try:
-            async with self.watching():
-                if await self.jobs.wait_turn(None, ticket, self._tell_place):
-                    job = self.job = self.jobs.start(ticket)
-                    self.ticket = None
-                    await self._send_pieces(job)
-        except ClientGone as gone:
-            self._stop(gone.signal)
-            self.peer_gone = True
+            await answer.run(self, watch=self.watching)
         finally:
-            self.job = self.ticket = None
-            if job is not None:
-                await self.jobs.finish(job)
-            else:
-                self.jobs.leave(ticket, SERVER_SHUTDOWN)  # only a cancelled session still holds its place here
+            self.current = None
+        if answer.gone is not None:
+            self.peer_gone = True
         if self.state is not State.OPEN:
             return False
-        if job is None:  # its turn never came: it said stop, or the server is going away
-            return await self._unserved(ticket, req.keep_open)
-        name, ending = job.ending()
+        name, ending = answer.ending()
         if name == "error":
-            await self.send_json({**ending, "id": job.record.id})
-            self._end(int(ws.CloseCode.INTERNAL_ERROR), "generation failed")
+            await self.send_json({**ending, "id": answer.ticket.record.id})
+            # The generation failed; or its turn never came, because the server is going away.
+            self._end(*((int(ws.CloseCode.INTERNAL_ERROR), "generation failed") if answer.served else
+                        (int(ws.CloseCode.GOING_AWAY), "server shutting down")))
             return False
-        await self.send_json({"done": True, **ending, "id": job.record.id})
+        await self.send_json({"done": True, **ending, "id": answer.ticket.record.id})
         return req.keep_open
 
-    async def _tell_place(self, ahead: int | None) -> None:
+    # -- the answer's delivery (``streamlab.server.answer.Delivery``) ----------------
+
+    def _sendable(self) -> None:
         if self.state is not State.OPEN:  # the peer sent CLOSE: no more data frames
+            raise Undeliverable(self.state.value)
+
+    async def place(self, answer: Answer, ahead: int | None) -> None:
+        if self.state is not State.OPEN:
             return
         if ahead is None:
             await self.client.send(self.conn.send_ping(b"keepalive"))
         else:
             await self.send_json({"queued": True, "ahead": ahead})
 
-    async def _unserved(self, ticket: Ticket, keep_open: bool) -> bool:
-        name, ending = ticket.ending()
-        if name == "error":
-            await self.send_json({**ending, "id": ticket.record.id})
-            self._end(int(ws.CloseCode.GOING_AWAY), "server shutting down")
-            return False
-        await self.send_json({"done": True, **ending, "id": ticket.record.id})
-        return keep_open
+    async def opening(self, answer: Answer) -> bool:
+        return True
 
-    async def _send_pieces(self, job: Job) -> None:
-        async for piece in delivered(job, self.config.ping_interval):
-            if self.state is not State.OPEN:  # the peer sent CLOSE: no more data frames
-                return
-            if piece is None:
-                await self.client.send(self.conn.send_ping(b"keepalive"))
-            else:
-                await self.client.send(self.conn.send_text(dumps({"text": piece.text})))
+    async def piece(self, answer: Answer, piece: Piece) -> None:
+        self._sendable()
+        await self.client.send(self.conn.send_text(dumps({"text": piece.text})))
+
+    async def silence(self, answer: Answer) -> None:
+        self._sendable()
+        await self.client.send(self.conn.send_ping(b"keepalive"))
+
+    async def ending(self, answer: Answer) -> None:
+        return None  # sent by ``answer`` once the frames are no longer read meanwhile
 
     # -- closing -----------------------------------------------------------------
 

@@ -29,28 +29,33 @@ chapter 5 counts it.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from streamlab.model.generation import ERROR
 from streamlab.net.errors import ArgumentParser, UserError
 from streamlab.net.serving import on_stdin_eof
 from streamlab.net.settings import Setting, Settings
-from streamlab.protocol.endings import GRACE_EXPIRED, INCOMPLETE_REASONS, INTERRUPTED, stop_reason_for
+from streamlab.protocol.endings import GRACE_EXPIRED, INCOMPLETE_REASONS, INTERRUPTED
 from streamlab.protocol.http_head import HTTPError
 from streamlab.server.config import ServerConfig
 from streamlab.server.events import dumps
-from streamlab.server.jobs import error_body
-from streamlab.server.requests import GenerationRequest, check_context
+from streamlab.server.answer import Answer
+from streamlab.server.jobs import Jobs, error_body
+from streamlab.server.store import Store
+from streamlab.server.requests import GenerationRequest
 from streamlab.server.shared_log import (
     ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, ensure_group, entry_ms, events_key, meta_key, open_client,
 )
-from streamlab.server.silence import Silence
 from streamlab.server.sources import ModelSource
 
 HEARTBEAT = 0.5  # s between a busy worker's claims of its own job (each resets the entry's idle time)
@@ -83,6 +88,7 @@ class Worker:
         self.claim_idle_ms = int(claim_idle * 1000)
         self.config = config or ServerConfig(engine="threads")
         self.done: list[str] = []  # the generations this worker ended (generated, or found abandoned)
+        self._line: Jobs | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Take jobs until ``stopping`` is set (a job being generated is finished first)."""
@@ -136,59 +142,33 @@ class Worker:
                     return False
                 raise
 
+    def line(self) -> Jobs:
+        """Where this worker's answers run, one at a time: the same line, jobs and record as a server's.
+
+        Its store is a throwaway of its own (the replicas' readers read the
+        events in Redis, and the shared log keeps no conversations), made
+        when the first job comes, so a worker that only appends (chapter 13's
+        cost of the log) makes none.
+        """
+        if self._line is None:
+            folder = Path(tempfile.mkdtemp(prefix="streamlab-worker-"))
+            atexit.register(shutil.rmtree, folder, True)
+            # At most one piece ahead of the loop: a busy loop must not let the model run on past a cancel
+            # it has not read yet (the loop's work per piece is one round trip, next to a token's forward pass).
+            config = dataclasses.replace(self.config, max_active=1, max_queued=1, slow_reader_timeout=None)
+            self._line = Jobs(self.source, config, Store(folder / "answers.db"))
+        return self._line
+
     async def generate(self, entry_id: str, generation_id: str, request: dict) -> None:
+        """The job's answer, run as every answer is (``Answer``), its pieces and its end appended to Redis."""
         req = GenerationRequest(**{**request, "stop": tuple(request.get("stop") or ())})
-        messages = ({"role": "user", "content": req.prompt},)
-        prompt_ids = self.source.prompt_ids(messages, chat=req.chat)
         try:
-            check_context(len(prompt_ids), req.max_tokens, self.source.context_length)
-        except HTTPError as err:
-            await self.finish(entry_id, generation_id, "error", {**error_body(400, err.message),
+            answer = Answer(self.line(), "/generations", req, generation_id=generation_id)
+        except HTTPError as err:  # it does not fit the model's context
+            await self.finish(entry_id, generation_id, "error", {**error_body(err.status, err.message),
                                                                  **self._ending("error", 0)})
             return
-        generation = self.source.generation(req, prompt_ids, messages, self.config, lambda tokens: None)
-        # At most one piece ahead of this loop: a busy loop must not let the model run on past a cancel
-        # it has not read yet (the loop's work per piece is one round trip, next to a token's forward pass).
-        generation.set_backpressure(1, None)
-        generation.start()
-        clock = 0.0
-        stop_signal, signal_ms, lost = None, 0, False
-        silence = Silence(LOOK_INTERVAL)
-        loop = asyncio.get_running_loop()
-        beat = loop.time()
-        pieces = generation.pieces(silence.wait)
-        try:
-            async for piece in pieces:
-                heartbeat = loop.time() - beat >= HEARTBEAT
-                beat = loop.time() if heartbeat else beat
-                _, state, now = await self.step(entry_id, generation_id, piece, generation.tokens, heartbeat)
-                clock = now - time.perf_counter() * 1000  # Redis's clock minus ours, in ms (off by one round trip)
-                status, owner, cancel, cancel_ms, readers, orphaned, grace = state
-                if status == "done" or owner != self.name:  # taken over: another worker ended it
-                    lost = True
-                    generation.stop(INTERRUPTED)
-                elif stop_signal is None and cancel:
-                    stop_signal, signal_ms = cancel, int(cancel_ms)
-                elif stop_signal is None and int(readers) <= 0 and now >= int(orphaned) + int(grace):
-                    stop_signal, signal_ms = GRACE_EXPIRED, int(orphaned) + int(grace)
-                if stop_signal is not None and not generation.stopping:
-                    generation.stop(stop_signal)
-        finally:
-            silence.close()
-            await pieces.aclose()
-        result = await generation.wait()
-        if lost:
-            return
-        stored = stop_reason_for(result.stop_reason, stop_signal)
-        ending = self._ending(stored, result.tokens)
-        if stop_signal is not None:  # the tokens made by the signal's moment, each token's time on Redis's clock
-            ending["tokens_at_stop"] = sum(1 for t in result.token_times if t * 1000 + clock <= signal_ms)
-            ending["stop_signal"] = stop_signal
-        if result.stop_reason == ERROR:
-            await self.finish(entry_id, generation_id, "error",
-                              {**error_body(500, f"generation failed: {result.error}"), **ending})
-        else:
-            await self.finish(entry_id, generation_id, "end", ending)
+        await answer.run(IntoTheLog(self, entry_id, generation_id), ping_interval=LOOK_INTERVAL)
 
     async def step(self, entry_id: str, generation_id: str, piece: Any, tokens: int,
                    heartbeat: bool = False) -> tuple[int | None, list, int]:
@@ -242,6 +222,67 @@ class Worker:
         pipe.xack(JOBS, GROUP, entry_id)
         await pipe.execute()
         self.done.append(generation_id)
+
+
+class IntoTheLog:
+    """A worker's answer as the generation's Redis stream: a ``message`` entry per piece, then its end.
+
+    One round trip per piece (and one per silence of ``LOOK_INTERVAL``):
+    append, read the hash. A cancel or the grace period found there stops
+    the answer, with the moment of the signal by Redis's clock; a job taken
+    over by another worker is given up without an end (that worker wrote it).
+    """
+
+    def __init__(self, worker: Worker, entry_id: str, generation_id: str) -> None:
+        self.worker = worker
+        self.entry_id = entry_id
+        self.generation_id = generation_id
+        self.clock = 0.0  # Redis's clock minus ours, in ms (off by one round trip)
+        self.stop_signal: str | None = None
+        self.signal_ms = 0
+        self.lost = False
+        self.beat = time.monotonic()
+
+    async def place(self, answer: Answer, ahead: int | None) -> None:
+        return None  # one job at a time: never in line
+
+    async def opening(self, answer: Answer) -> bool:
+        return True
+
+    async def piece(self, answer: Answer, piece: Any) -> None:
+        await self._step(answer, piece)
+
+    async def silence(self, answer: Answer) -> None:
+        await self._step(answer, None)
+
+    async def _step(self, answer: Answer, piece: Any) -> None:
+        heartbeat = time.monotonic() - self.beat >= HEARTBEAT
+        self.beat = time.monotonic() if heartbeat else self.beat
+        generation = answer.job.generation
+        _, state, now = await self.worker.step(self.entry_id, self.generation_id, piece, generation.tokens, heartbeat)
+        self.clock = now - time.perf_counter() * 1000
+        status, owner, cancel, cancel_ms, readers, orphaned, grace = state
+        if status == "done" or owner != self.worker.name:  # taken over: another worker ended it
+            self.lost = True
+            answer.stop(INTERRUPTED)
+        elif self.stop_signal is None and cancel:
+            self.stop_signal, self.signal_ms = cancel, int(cancel_ms)
+        elif self.stop_signal is None and int(readers) <= 0 and now >= int(orphaned) + int(grace):
+            self.stop_signal, self.signal_ms = GRACE_EXPIRED, int(orphaned) + int(grace)
+        if self.stop_signal is not None and not generation.stopping:
+            answer.stop(self.stop_signal)
+
+    async def ending(self, answer: Answer) -> None:
+        if self.lost:
+            return
+        name, ending = answer.ending()
+        result = answer.job.generation.result
+        # The replica's store knows nothing of this answer: no conversation, no message to name.
+        ending = {**ending, **self.worker._ending(ending["stop_reason"], result.tokens)}
+        if self.stop_signal is not None:  # the tokens made by the signal's moment, each token's time on Redis's clock
+            ending["tokens_at_stop"] = sum(1 for t in result.token_times if t * 1000 + self.clock <= self.signal_ms)
+            ending["stop_signal"] = self.stop_signal
+        await self.worker.finish(self.entry_id, self.generation_id, name, ending)
 
 
 def build_parser() -> ArgumentParser:
