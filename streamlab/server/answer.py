@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 from streamlab.model.generation import Piece
 from streamlab.protocol.endings import SERVER_SHUTDOWN
 from streamlab.server.connection import ClientConnection, ClientGone
+from streamlab.server.formats import job_ending, unserved_ending
 from streamlab.server.jobs import Job, Jobs, Ticket, Turn, delivered
 from streamlab.server.requests import GenerationRequest
 
@@ -138,7 +139,7 @@ class Answer:
 
     def ending(self) -> tuple[str, dict]:
         """Its last event, ``end`` or ``error``, with where it is stored: its job's, or its ticket's if none ran."""
-        return self.job.ending() if self.job is not None else self.ticket.ending()
+        return job_ending(self.job) if self.job is not None else unserved_ending(self.ticket)
 
     async def _wait(self, delivery: Delivery) -> bool:
         async def tell(ahead: int | None) -> None:

@@ -26,11 +26,11 @@ from streamlab.server.config import RETRY_AFTER, ServerConfig
 from streamlab.server.config import flag as config_flag
 from streamlab.server.connection import ClientConnection, ClientGone
 from streamlab.server.sources import source_for
-from streamlab.server.formats import Format, StreamlabFormat
+from streamlab.server.formats import Format, StreamlabFormat, error_body
 from streamlab.server.guards import Guards
 from streamlab.server.answer import Answer
 from streamlab.server.deliveries import EventDelivery, WholeDelivery
-from streamlab.server.jobs import Job, Jobs, LogRecord, error_body, title
+from streamlab.server.jobs import Job, Jobs, LogRecord, title
 from streamlab.server.fields import ignored_header
 from streamlab.server.requests import GenerationRequest, parse_generation_request
 from streamlab.server.resumable import Registry

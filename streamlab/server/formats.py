@@ -16,12 +16,69 @@ from json.encoder import encode_basestring  # a str as JSON, the way JSONEncoder
 from typing import TYPE_CHECKING, Any, Iterable
 
 from streamlab.protocol import sse
-from streamlab.protocol.endings import ERROR
+from streamlab.protocol.endings import ERROR, INCOMPLETE_REASONS, SERVER_SHUTDOWN, STOPPED
 from streamlab.server.events import Event
-from streamlab.server.jobs import error_body
 
 if TYPE_CHECKING:
     from streamlab.server.jobs import Job, Ticket
+
+
+# -- streamlab's own payloads: every body below, and every other transport's, is made of these -------------
+
+
+def error_body(status: int, message: str) -> dict:
+    """streamlab's error, as a refusal's body and inside an ``error`` event or message."""
+    return {"error": {"status": status, "message": message}}
+
+
+def text_data(text: str) -> dict:
+    """One piece: ``{"text": ...}`` (an SSE event's data, a WebSocket message, a kept event, a log entry)."""
+    return {"text": text}
+
+
+def place_data(ahead: int) -> dict:
+    """A place in line: how many readers are ahead."""
+    return {"ahead": ahead}
+
+
+def ending_data(stored: str, tokens: int, conversation_id: str | None = None, message_id: str | None = None,
+                **extra: object) -> dict:
+    """An ``end``'s fields: the stored reason, the tokens, whether it is incomplete, where it is stored."""
+    return {"stop_reason": stored, "tokens": tokens, "incomplete": stored in INCOMPLETE_REASONS,
+            "conversation_id": conversation_id, "message_id": message_id, **extra}
+
+
+def job_ending(job: Job) -> tuple[str, dict]:
+    """The last event of every answer that ran: ``end`` (how it ended, where it is stored) or ``error``.
+
+    An error never looks like an ending: a client must not mistake a
+    failed answer for a complete one. Its ``stop_reason`` is the stored
+    one (``completed``, ``max_tokens``, ``client_left``, ``stopped``,
+    ``error``, ``interrupted``, ``slow_reader``): one vocabulary, the word
+    the reader will find on this answer when it reads the conversation
+    back. The generation's own word (``eos``...) and the signal are in ``/log``.
+    """
+    result, record = job.generation.result, job.record
+    assert result is not None
+    ending = ending_data(record.stored_reason, result.tokens, **job.ids())
+    if result.stop_reason == ERROR:
+        return "error", {**error_body(500, f"generation failed: {result.error}"), **ending}
+    return "end", ending
+
+
+def unserved_ending(ticket: Ticket, conversation_id: str | None = None) -> tuple[str, dict]:
+    """For a reader still there whose turn never came: stopped (``end``, no answer) or shut out (``error``)."""
+    turn = ticket.turn
+    conversation_id = turn.conversation_id if turn else conversation_id or ticket.req.conversation_id
+    if ticket.left == SERVER_SHUTDOWN:
+        return "error", {**error_body(503, "the server is shutting down; this request's turn never came"),
+                         "conversation_id": conversation_id, "message_id": None}
+    return "end", stopped_in_line(conversation_id)
+
+
+def stopped_in_line(conversation_id: str | None = None, **extra: object) -> dict:
+    """The ``end`` of an answer stopped while it waited for its turn: nothing generated."""
+    return ending_data(STOPPED, 0, conversation_id, left_queue=True, **extra)
 
 
 class Format:
@@ -101,17 +158,17 @@ class StreamlabFormat(Format):
     """
 
     def queued(self, ahead: int) -> list[Event]:
-        return [Event({"ahead": ahead}, "queued")]
+        return [Event(place_data(ahead), "queued")]
 
     def unserved(self, ticket: Ticket) -> list[Event]:
-        name, data = ticket.ending()
+        name, data = unserved_ending(ticket)
         return [Event(data, name), Event(sse.DONE)] if name == "end" else [Event(data, name)]
 
     def piece(self, text: str) -> Event:
         return TextPiece(text)
 
     def ending(self, job: Job) -> list[Event]:
-        name, data = job.ending()
+        name, data = job_ending(job)
         return [Event(data, name), Event(sse.DONE)] if name == "end" else [Event(data, name)]
 
     def whole(self, job: Job) -> tuple[int, Any]:
@@ -122,3 +179,29 @@ class StreamlabFormat(Format):
         body = {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason,
                 "id": job.record.id, **job.ids()}
         return 200, body
+
+
+class WebSocketMessages:
+    """streamlab's answer as WebSocket text messages: the same data as its events, one JSON object each.
+
+    ``{"queued": true, "ahead": N}`` while in line, ``{"text": ...}`` per
+    piece, then ``{"done": true, ...}`` with the ending's fields and the
+    request id, or the error object (then the socket closes).
+    """
+
+    @staticmethod
+    def queued(ahead: int) -> dict:
+        return {"queued": True, **place_data(ahead)}
+
+    @staticmethod
+    def piece(text: str) -> dict:
+        return text_data(text)
+
+    @staticmethod
+    def ending(name: str, ending: dict, request_id: str) -> dict:
+        """The answer's last message: its ending's fields, or (``name`` ``error``) the error, then the socket closes."""
+        return {**ending, "id": request_id} if name == "error" else {"done": True, **ending, "id": request_id}
+
+    @staticmethod
+    def refusal(status: int, message: str) -> dict:
+        return error_body(status, message)

@@ -28,13 +28,10 @@ from streamlab.protocol.endings import (
     CLIENT_LEFT,
     COMPLETED,
     EOF,
-    ERROR,
-    INCOMPLETE_REASONS,
     LEAVING_SIGNALS,
     SERVER_SHUTDOWN,
     SLOW_READER,
     STOP_MESSAGE,
-    STOPPED,
     stop_reason_for,
 )
 from streamlab.server.store import AnswerWriter, Store
@@ -162,14 +159,6 @@ class Ticket:
         conversation_id = self.turn.conversation_id if self.turn is not None else self.req.conversation_id
         return [("X-Request-Id", self.record.id), *([("X-Conversation-Id", conversation_id)] if conversation_id else [])]
 
-    def ending(self) -> tuple[str, dict]:
-        """For a reader still there whose turn never came: stopped (``end``, no answer) or shut out (``error``)."""
-        ids = {"conversation_id": self.turn.conversation_id if self.turn else self.req.conversation_id,
-               "message_id": None}
-        if self.left == SERVER_SHUTDOWN:
-            return "error", {**error_body(503, "the server is shutting down; this request's turn never came"), **ids}
-        return "end", {"stop_reason": STOPPED, "tokens": 0, "incomplete": True, "left_queue": True, **ids}
-
 
 @dataclass(eq=False)
 class Job:
@@ -187,32 +176,6 @@ class Job:
 
     def headers(self) -> list[tuple[str, str]]:
         return [("X-Request-Id", self.record.id), ("X-Conversation-Id", self.record.conversation_id or "")]
-
-    def ending(self) -> tuple[str, dict]:
-        """The last event of every stream: ``end`` (how it ended, where it is stored) or ``error``.
-
-        An error never looks like an ending: a client must not mistake a
-        failed answer for a complete one. Its ``stop_reason`` is the stored
-        one (``completed``, ``max_tokens``, ``client_left``, ``stopped``,
-        ``error``, ``interrupted``, ``slow_reader``): one vocabulary, the word
-        the reader will find on this answer when it reads the conversation
-        back. The generation's own word (``eos``...) and the signal are in ``/log``.
-        """
-        result, record = self.generation.result, self.record
-        assert result is not None
-        ending = {
-            "stop_reason": record.stored_reason,
-            "tokens": result.tokens,
-            "incomplete": record.stored_reason in INCOMPLETE_REASONS,
-            **self.ids(),
-        }
-        if result.stop_reason == ERROR:
-            return "error", {**error_body(500, f"generation failed: {result.error}"), **ending}
-        return "end", ending
-
-
-def error_body(status: int, message: str) -> dict:
-    return {"error": {"status": status, "message": message}}
 
 
 def title(prompt: str) -> str:

@@ -28,6 +28,7 @@ from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event
+from streamlab.server.formats import place_data, text_data
 from streamlab.model.generation import Piece
 from streamlab.server.answer import Answer
 from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
@@ -110,7 +111,7 @@ class Run:
                 return
             if self.job is None and self.ahead is not None and self.ahead != told:
                 told = self.ahead
-                yield Event({"ahead": told}, "queued", retry=RETRY_MS if first else None)
+                yield Event(place_data(told), "queued", retry=RETRY_MS if first else None)
                 first = False
                 continue
             try:
@@ -130,7 +131,7 @@ class Run:
         return True
 
     async def piece(self, answer: Answer, piece: Piece) -> None:
-        self.add("message", {"text": piece.text})
+        self.add("message", text_data(piece.text))
 
     async def silence(self, answer: Answer) -> None:
         return None

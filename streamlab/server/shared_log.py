@@ -37,6 +37,7 @@ from streamlab.server import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.connection import ClientConnection
 from streamlab.server.events import Event, dumps
+from streamlab.server.formats import stopped_in_line
 from streamlab.server.requests import GenerationRequest
 from streamlab.server.streams import EventStream
 
@@ -64,8 +65,13 @@ def entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
+def encode_entry(name: str, data: Any, tokens: int = 0) -> dict[str, Any]:
+    """An answer's event as a generation stream's entry: its name, its data as JSON, the tokens made so far."""
+    return {"e": name, "d": dumps(data), "n": tokens}
+
+
 def decode_entry(fields: dict[str, str]) -> tuple[str, Any, int]:
-    """A stream entry as ``(event name, data, tokens it carried)``."""
+    """A stream entry as ``(event name, data, tokens it carried)``: what ``encode_entry`` wrote."""
     return fields["e"], json.loads(fields["d"]), int(fields.get("n", 0))
 
 
@@ -228,9 +234,7 @@ class SharedRegistry:
                     return
                 pipe.multi()
                 pipe.hset(key, mapping={"status": "done", "stop_reason": "stopped"})
-                pipe.xadd(events_key(generation_id), {"e": "end", "d": dumps(
-                    {"stop_reason": "stopped", "tokens": 0, "incomplete": True, "left_queue": True,
-                     "conversation_id": None, "message_id": None})})
+                pipe.xadd(events_key(generation_id), encode_entry("end", stopped_in_line()))
                 await pipe.execute()
             except Exception as err:  # noqa: BLE001 - WatchError: a worker took it meanwhile
                 if type(err).__name__ != "WatchError":

@@ -33,7 +33,8 @@ from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
 from streamlab.server.connection import ClientConnection, ClientGone, in_background
 from streamlab.model.generation import Piece
 from streamlab.server.answer import Answer, Undeliverable
-from streamlab.server.jobs import Jobs, error_body
+from streamlab.server.formats import WebSocketMessages as MESSAGES
+from streamlab.server.jobs import Jobs
 from streamlab.server.requests import WS_MESSAGE, parse_generation_request
 from streamlab.server.events import dumps
 
@@ -196,7 +197,7 @@ class WebSocketSession:
             req = parse_generation_request(text, WS_MESSAGE)
             answer = self.current = Answer(self.jobs, "/ws", req, self.take_id())
         except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
-            await self.send_json(error_body(err.status, err.message))
+            await self.send_json(MESSAGES.refusal(err.status, err.message))
             busy = err.status == 503
             code = TRY_AGAIN_LATER if busy else int(ws.CloseCode.POLICY_VIOLATION)
             # A close reason holds at most 123 bytes (RFC 6455 5.5): the refusal, which names its flag, cut to fit.
@@ -212,13 +213,11 @@ class WebSocketSession:
         if self.state is not State.OPEN:
             return False
         name, ending = answer.ending()
-        if name == "error":
-            await self.send_json({**ending, "id": answer.ticket.record.id})
-            # The generation failed; or its turn never came, because the server is going away.
+        await self.send_json(MESSAGES.ending(name, ending, answer.ticket.record.id))
+        if name == "error":  # the generation failed; or its turn never came, because the server is going away
             self._end(*((int(ws.CloseCode.INTERNAL_ERROR), "generation failed") if answer.served else
                         (int(ws.CloseCode.GOING_AWAY), "server shutting down")))
             return False
-        await self.send_json({"done": True, **ending, "id": answer.ticket.record.id})
         return req.keep_open
 
     # -- the answer's delivery (``streamlab.server.answer.Delivery``) ----------------
@@ -233,14 +232,14 @@ class WebSocketSession:
         if ahead is None:
             await self.client.send(self.conn.send_ping(b"keepalive"))
         else:
-            await self.send_json({"queued": True, "ahead": ahead})
+            await self.send_json(MESSAGES.queued(ahead))
 
     async def opening(self, answer: Answer) -> bool:
         return True
 
     async def piece(self, answer: Answer, piece: Piece) -> None:
         self._sendable()
-        await self.client.send(self.conn.send_text(dumps({"text": piece.text})))
+        await self.client.send(self.conn.send_text(dumps(MESSAGES.piece(piece.text))))
 
     async def silence(self, answer: Answer) -> None:
         self._sendable()

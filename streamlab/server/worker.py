@@ -45,16 +45,17 @@ from typing import Any
 from streamlab.net.errors import ArgumentParser, UserError
 from streamlab.net.serving import on_stdin_eof
 from streamlab.net.settings import Setting, Settings
-from streamlab.protocol.endings import GRACE_EXPIRED, INCOMPLETE_REASONS, INTERRUPTED
+from streamlab.protocol.endings import GRACE_EXPIRED, INTERRUPTED
 from streamlab.protocol.http_head import HTTPError
 from streamlab.server.config import ServerConfig
-from streamlab.server.events import dumps
 from streamlab.server.answer import Answer
-from streamlab.server.jobs import Jobs, error_body
+from streamlab.server.formats import ending_data, error_body, stopped_in_line, text_data
+from streamlab.server.jobs import Jobs
 from streamlab.server.store import Store
 from streamlab.server.requests import GenerationRequest
 from streamlab.server.shared_log import (
-    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, ensure_group, entry_ms, events_key, meta_key, open_client,
+    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, meta_key,
+    open_client,
 )
 from streamlab.server.sources import ModelSource
 
@@ -121,7 +122,7 @@ class Worker:
         if not await self._take(generation_id):
             return  # another worker took it, or a replica ended it, meanwhile
         if meta.get("cancel"):
-            await self.finish(entry_id, generation_id, "end", self._ending("stopped", 0, left_queue=True))
+            await self.finish(entry_id, generation_id, "end", stopped_in_line(worker=self.name))
             return
         await self.generate(entry_id, generation_id, json.loads(meta["request"]))
 
@@ -181,7 +182,7 @@ class Worker:
         meta = meta_key(generation_id)
         pipe = self.redis.pipeline(transaction=False)
         if piece is not None:
-            pipe.xadd(events_key(generation_id), {"e": "message", "d": dumps({"text": piece.text}), "n": piece.tokens})
+            pipe.xadd(events_key(generation_id), encode_entry("message", text_data(piece.text), piece.tokens))
         pipe.hset(meta, "tokens", tokens)
         pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
         pipe.time()
@@ -194,9 +195,8 @@ class Worker:
             int(seconds) * 1000 + int(micros) // 1000
 
     def _ending(self, stored: str, tokens: int, **extra: Any) -> dict:
-        """The end event's data, in the in-memory registry's words, plus which worker wrote it."""
-        return {"stop_reason": stored, "tokens": tokens, "incomplete": stored in INCOMPLETE_REASONS,
-                "conversation_id": None, "message_id": None, "worker": self.name, **extra}
+        """The end event's data, in the in-memory registry's words (no store: no conversation), and its worker."""
+        return ending_data(stored, tokens, worker=self.name, **extra)
 
     async def interrupt(self, entry_id: str, generation_id: str, meta: dict[str, str]) -> None:
         """A job taken over mid-answer: end it ``interrupted``, keeping the partial text its worker appended."""
@@ -214,7 +214,7 @@ class Worker:
         """The end event, the hash's final state and the acknowledgement, in one transaction."""
         meta, events = meta_key(generation_id), events_key(generation_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(events, {"e": name, "d": dumps(data), "n": data.get("tokens", 0)})
+        pipe.xadd(events, encode_entry(name, data, data.get("tokens", 0)))
         pipe.hset(meta, mapping={"status": "done", "stop_reason": data["stop_reason"], "tokens": data["tokens"],
                                  "ended_by": self.name})
         pipe.expire(meta, KEEP_SECONDS)
