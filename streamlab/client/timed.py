@@ -193,7 +193,14 @@ async def stream(port: int, prompt: str, max_tokens: int = 100, **kwargs: Any) -
 
 
 def _get_head(path: str, host: str, port: int, last_event_id: str | None) -> bytes:
-    """The request a browser's ``EventSource`` sends (a reconnect adds ``Last-Event-ID``)."""
+    """The request a browser's ``EventSource`` sends (a reconnect adds ``Last-Event-ID``).
+
+    The id goes out as UTF-8 bytes, as the HTML standard says (an id of
+    ``…`` is three bytes on the wire; web-platform-tests' ``format-field-id``).
+    An id can hold neither CR, LF nor NUL (an event stream cannot set
+    one), so one that does is refused rather than written into the head;
+    an empty one sends no header at all, as a browser does.
+    """
     lines = [
         f"GET {path} HTTP/1.1",
         f"Host: {_host_header(host, port)}",
@@ -201,8 +208,10 @@ def _get_head(path: str, host: str, port: int, last_event_id: str | None) -> byt
         "Cache-Control: no-cache",
         "Connection: close",
     ]
-    if last_event_id is not None:
-        lines.append(f"Last-Event-ID: {last_event_id}")
+    if last_event_id:
+        if any(c in last_event_id for c in "\r\n\0"):
+            raise ValueError("a Last-Event-ID cannot hold CR, LF or NUL")
+        lines.append(f"Last-Event-ID: {last_event_id.encode('utf-8').decode('latin-1')}")
     return _head(lines)
 
 
@@ -227,9 +236,9 @@ async def events(
     (the server has nothing more for us) leaves ``status`` 204 and no events.
     """
     trace = trace if trace is not None else Trace(way="events")
-    reading = ResponseRecorder(trace, "GET")
-    reader, writer = await _connect(host, port, timeout)
     last = None if last_event_id is None else str(last_event_id)
+    reading = ResponseRecorder(trace, "GET", last_event_id=last)  # the ids start from the one sent
+    reader, writer = await _connect(host, port, timeout)
     try:
         trace.sent = time.perf_counter()
         writer.write(_get_head(path, host, port, last))

@@ -55,6 +55,13 @@ class Trace:
     that just closes looks like a finished answer to many clients, and is
     recorded here as truncated. ``left`` is True when this client walked
     away on purpose (``stop_after``, ``leave_after``).
+
+    On an event stream, ``last_event_id`` is the spec's *last event ID
+    string* where reading stopped (None when empty): the id of the last
+    block a blank line completed, what a reconnect sends as
+    ``Last-Event-ID``; an ``id:`` in a block the stream cut off never
+    counts. ``retry`` is the latest reconnection time the stream set, in
+    milliseconds (None: it set none).
     """
 
     way: str
@@ -76,6 +83,8 @@ class Trace:
     first_text: float | None = None
     end: float | None = None
     total_bytes: int = 0
+    last_event_id: str | None = None
+    retry: int | None = None
 
     @property
     def text_bytes(self) -> int:
@@ -205,8 +214,14 @@ def _finish_reason(data: Any) -> str | None:
 
 
 def last_id(trace: Trace) -> str | None:
-    """The id of the last event in ``trace`` that had one: what a reconnect sends as ``Last-Event-ID``."""
-    return next((e.id for e in reversed(trace.events) if e.id is not None), None)
+    """What a reconnect after ``trace`` sends as ``Last-Event-ID`` (None: no header at all).
+
+    The stream's last event ID string, as an ``EventSource`` keeps it: set
+    by the last *dispatched* block with an ``id:`` (one with no data
+    counts too), emptied by an empty ``id:``, never by a block the stream
+    cut off before its blank line.
+    """
+    return trace.last_event_id or None
 
 
 # --------------------------------------------------------------------------
@@ -224,9 +239,13 @@ class ResponseRecorder:
     does (``trace.chunks`` keep the bytes as they crossed the wire).
     """
 
-    def __init__(self, trace: Trace, method: str = "POST") -> None:
+    def __init__(self, trace: Trace, method: str = "POST", *, last_event_id: str | None = None) -> None:
         self.trace = trace
         self.method = method
+        # The id this request sent as Last-Event-ID: an event stream's ids start from it, as a browser's do.
+        self.last_event_id = last_event_id
+        if last_event_id:
+            trace.last_event_id = last_event_id
         self.head = ResponseHeadParser()
         self.body: BodyReader | None = None
         self.events: sse.EventStreamParser | None = None
@@ -249,8 +268,11 @@ class ResponseRecorder:
             self.body = BodyReader(response, self.method)
             if (response.header("content-encoding") or "").strip().lower() in ("gzip", "x-gzip"):
                 self.decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            if (response.header("content-type") or "").startswith("text/event-stream"):
-                self.events = sse.EventStreamParser()
+            # Only a 200 carries events: a browser's EventSource fails any other
+            # status without reading its body (wpt request-status-error), and the
+            # SDKs raise on the status first.
+            if response.status == 200 and sse.is_event_stream(response.header("content-type")):
+                self.events = sse.EventStreamParser(last_event_id=self.last_event_id or "")
                 self.trace.way = "stream"
         for piece in self.body.feed(data):
             if self.decoder is not None:
@@ -271,6 +293,9 @@ class ResponseRecorder:
                 self.trace.events[-1].id = event.id
         for _ in range(self.events.comments - comments):
             self.trace.got_event(t, "ping", data=self.events.last_comment)
+        self.trace.last_event_id = self.events.last_event_id or None
+        if self.events.retry is not None:
+            self.trace.retry = self.events.retry
 
     def _on_event(self, event: sse.Event, t: float) -> None:
         trace = self.trace

@@ -62,6 +62,11 @@ def encode_chunk(data: bytes) -> bytes:
 
 
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
+# chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] ), the name a token and the value a
+# token or a quoted-string (RFC 9112 section 7.1.1). Whitespace may stand only before a ";" or around a "=".
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t -~\x80-\xff])*"'
+_CHUNK_EXT = re.compile(rb"(?:[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?)*" % (_TOKEN, _TOKEN, _QUOTED))
 
 
 class ChunkedDecoder:
@@ -162,13 +167,19 @@ class ChunkedDecoder:
     def _parse_size(self, line: bytes) -> int:
         if _FORBIDDEN_IN_CHUNK_LINE.search(line):
             raise HTTPError(400, "control character in chunk size line")
-        # Chunk extensions (";name=value") are allowed and ignored by everyone.
-        size_text = line.split(b";", 1)[0].rstrip(b" \t")
         # Hex digits only: int(x, 16) would also accept "0x1f", "+1f", " 1f"
         # or "1_f", and two parsers that disagree on the size disagree on
         # where the next request starts.
-        if not _HEX.fullmatch(size_text):
-            raise HTTPError(400, f"invalid chunk size {size_text[:20]!r}")
+        digits = _HEX.match(line)
+        if digits is None:
+            raise HTTPError(400, f"invalid chunk size {line[:20]!r}")
+        # Chunk extensions (";name=value") are allowed and ignored by everyone,
+        # but only in their grammar: "5 junk", "5;" or an unclosed quote are
+        # read differently by different parsers (llhttp's test/request/
+        # transfer-encoding.md refuses each of them too).
+        if not _CHUNK_EXT.fullmatch(line, digits.end()):
+            raise HTTPError(400, f"invalid chunk size line {line[:40]!r}")
+        size_text = digits.group(0)
         size = int(size_text, 16)
         if size > self.max_chunk:
             raise HTTPError(413, f"chunk of {size} bytes exceeds {self.max_chunk}")

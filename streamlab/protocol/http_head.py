@@ -362,8 +362,23 @@ def _check_request_framing(request: Request) -> None:
         raise HTTPError(400, "more than one Host header")
     transfer_coding = request.header("transfer-encoding")
     if transfer_coding is not None:
-        if list_tokens(transfer_coding) != ["chunked"]:
-            raise HTTPError(501, f"unsupported Transfer-Encoding {transfer_coding!r}")
+        codings = list_tokens(transfer_coding)
+        if request.version == "HTTP/1.0":
+            # RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding
+            # MUST be treated as having faulty framing, even with a
+            # Content-Length (HTTP/1.0 had no chunked: a 1.0 proxy in front of
+            # us would have read this body some other way).
+            raise HTTPError(400, "Transfer-Encoding in an HTTP/1.0 request")
+        if not codings or codings[-1] != "chunked" or codings.count("chunked") > 1:
+            # RFC 9112 section 6.3: with chunked not the final coding the body's
+            # length cannot be known, and the server MUST answer 400 and close.
+            # Chunked twice (section 6.1: a sender MUST NOT) is read once by
+            # some parsers and twice by others: the same doubt.
+            raise HTTPError(400, f"body length unknown with Transfer-Encoding {transfer_coding[:40]!r}")
+        if codings != ["chunked"]:
+            # Chunked last, after a coding we do not decode (gzip, chunked):
+            # the framing is clear, the content is not (section 6.1: 501).
+            raise HTTPError(501, f"unsupported Transfer-Encoding {transfer_coding[:40]!r}")
         if request.header("content-length") is not None:
             # Both headers: a front end and a back end may each pick a
             # different one. RFC 9112 section 6.1 lets us refuse it.

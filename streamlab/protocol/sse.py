@@ -33,6 +33,7 @@ __all__ = [
     "encode_comment",
     "encode_done",
     "encode_event",
+    "is_event_stream",
     "parse_events",
 ]
 
@@ -157,10 +158,11 @@ class ProtocolError(Exception):
 class Event:
     """One dispatched event, as a browser's ``EventSource`` would deliver it.
 
-    ``id`` is the *last event ID* at the moment the event was dispatched:
-    ids are sticky, so an event without an ``id:`` line carries the id of an
-    earlier one. That is the value a client sends back in ``Last-Event-ID``
-    when it reconnects. ``retry`` is the reconnection delay sent *with this
+    ``id`` is the *last event ID string* at the moment the event was
+    dispatched (a browser's ``MessageEvent.lastEventId``): ids are sticky, so
+    an event without an ``id:`` line carries the id of an earlier one. That
+    is the value a client sends back in ``Last-Event-ID`` when it
+    reconnects. ``retry`` is the reconnection delay sent *with this
     event* (``None`` when the event had no valid ``retry:`` line); the
     parser's own ``retry`` attribute keeps the latest value.
     """
@@ -181,8 +183,13 @@ class EventStreamParser:
 
     Attributes a client can inspect:
 
-    - ``last_event_id``: the last event ID buffer, to send as
-      ``Last-Event-ID`` when reconnecting.
+    - ``last_event_id``: the spec's *last event ID string*, to send as
+      ``Last-Event-ID`` when reconnecting (none at all when it is empty). An
+      ``id:`` line only fills the *last event ID buffer*
+      (``last_event_id_buffer``); the string takes the buffer's value when a
+      blank line ends the block. So an id in a block the stream cut off
+      before its blank line is never reported: its event was never
+      delivered (web-platform-tests' ``format-data-before-final-empty-line``).
     - ``retry``: the latest reconnection time in milliseconds, or ``None``.
     - ``comments`` / ``last_comment``: how many comment lines were seen and
       the text of the latest one, which is how a test observes keep-alives.
@@ -192,9 +199,13 @@ class EventStreamParser:
     ``max_line`` bounds the line being buffered (see ``MAX_LINE``); a longer
     line raises ``ProtocolError`` as soon as it passes the limit, whether it
     arrives in one piece or byte by byte.
+
+    ``last_event_id``: the id a reconnecting client already holds (the one
+    it sent as ``Last-Event-ID``). Both values start from it, as browsers
+    do, so events of the new connection that carry no ``id:`` keep it.
     """
 
-    def __init__(self, *, max_line: int = MAX_LINE) -> None:
+    def __init__(self, *, max_line: int = MAX_LINE, last_event_id: str = "") -> None:
         self.max_line = max_line
         # A stateful decoder: it keeps the first bytes of a character that is
         # split across two network reads instead of turning them into U+FFFD.
@@ -217,7 +228,8 @@ class EventStreamParser:
         self._event_retry: int | None = None
         self._in_event = False  # a field line arrived since the last blank line
 
-        self.last_event_id = ""
+        self.last_event_id_buffer = last_event_id  # set by an id: line
+        self.last_event_id = last_event_id  # the buffer's value at the last blank line
         self.retry: int | None = None
         self.comments = 0
         self.last_comment: str | None = None
@@ -328,7 +340,7 @@ class EventStreamParser:
             self._data.append(value)
         elif name == "id":
             if "\0" not in value:
-                self.last_event_id = value
+                self.last_event_id_buffer = value
         elif name == "retry":
             # Only plain ASCII digits count; "1e3", "-5" or " 5" are ignored.
             # So are values that do not fit in 64 bits, as browsers do.
@@ -340,6 +352,10 @@ class EventStreamParser:
         return None
 
     def _dispatch(self) -> Event | None:
+        # The first step of the spec's "dispatch the event", taken for every
+        # blank line, even one that delivers nothing: the id becomes the one
+        # a reconnect sends back.
+        self.last_event_id = self.last_event_id_buffer
         lines, event_type, retry = self._data, self._event_type, self._event_retry
         self._data, self._event_type, self._event_retry = [], "", None
         self._in_event = False
@@ -350,6 +366,22 @@ class EventStreamParser:
         # The spec appends each value and a LF, then drops the last LF.
         data = "\n".join(lines)
         return Event(data=data, event=event_type or "message", id=self.last_event_id, retry=retry)
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` says ``text/event-stream``, as ``EventSource`` checks it.
+
+    The MIME type's essence counts, case-insensitively; its parameters do
+    not (``text/event-stream;`` and ``; charset=windows-1252`` are both an
+    event stream, always read as UTF-8: web-platform-tests'
+    ``format-mime-trailing-semicolon`` and ``format-utf-8``). Anything else
+    (``text/x-bogus``, ``x bogus``, none at all) makes a browser fail the
+    connection without reconnecting (``format-mime-valid-bogus``,
+    ``format-mime-bogus``).
+    """
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip(" \t").lower() == "text/event-stream"
 
 
 def parse_events(data: bytes) -> list[Event]:

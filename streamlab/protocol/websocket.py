@@ -24,6 +24,7 @@ manner of wsproto). The server, the client and the tests share it.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 
 from streamlab.protocol.websocket_frames import (
@@ -122,6 +123,17 @@ class CloseReceived:
 WebSocketEvent = TextMessage | BinaryMessage | Ping | Pong | CloseReceived
 
 
+# What an unfinished UTF-8 character may start with (RFC 3629's table): the
+# bytes a decoder holds back waiting for the rest of a character must be one
+# of these, or no byte to come can make them valid. Python's decoder holds
+# some impossible ones (ED A0, the start of a UTF-16 surrogate) until the
+# next byte; checking what it holds refuses them at once.
+_UTF8_PREFIX = re.compile(
+    rb"[\xc2-\xdf]|\xe0[\xa0-\xbf]?|[\xe1-\xec\xee\xef][\x80-\xbf]?|\xed[\x80-\x9f]?"
+    rb"|\xf0(?:[\x90-\xbf][\x80-\xbf]?)?|[\xf1-\xf3](?:[\x80-\xbf][\x80-\xbf]?)?|\xf4(?:[\x80-\x8f][\x80-\xbf]?)?"
+)
+
+
 class Connection:
     """One side of a WebSocket after the handshake, as bytes-in / events-out.
 
@@ -133,6 +145,12 @@ class Connection:
     ``ProtocolError``, it sends ``send_close(err.code, err.reason)`` and
     closes the socket. Keeping the decisions in the caller makes each of
     them visible in the server's code.
+
+    Every rule is applied as soon as the bytes that carry it are here
+    (Autobahn|Testsuite's "fail fast"): a data frame's header is judged
+    before its payload (a continuation with nothing to continue, a message
+    over ``max_message``), and a text message's UTF-8 is checked as its
+    bytes arrive, inside a frame that is still arriving too.
     """
 
     def __init__(self, *, client: bool, max_message: int = 1 << 20) -> None:
@@ -144,6 +162,10 @@ class Connection:
         self._parts: list = []
         self._size = 0
         self._text_decoder: codecs.IncrementalDecoder | None = None
+        # The data frame at the head of the decoder's buffer, still arriving:
+        # whether its header was judged, and how much of its payload was read.
+        self._frame_open = False
+        self._frame_taken = 0
         self._error: ProtocolError | None = None  # set once the peer broke the protocol
         self.close_sent = False
         self.close_received = False
@@ -159,23 +181,32 @@ class Connection:
         failed: every later call raises the same error (events completed
         earlier in the failing call are not returned; the connection is
         being torn down anyway).
+
+        After the peer's CLOSE, whatever it sends is discarded (RFC 6455
+        section 5.5.1: it may send nothing more; Autobahn's cases 7.1.3 to
+        7.1.5 send a ping, a text or a fragment right after it and expect a
+        clean close with 1000). The close is the last event, whether the
+        frames behind it came in the same read or a later one.
         """
         if self._error is not None:
             raise self._error
+        if self.close_received:
+            return []
         events: list[WebSocketEvent] = []
         try:
             for frame in self._decoder.frames(data):
                 event = self._handle_frame(frame)
                 if event is not None:
                     events.append(event)
+                if self.close_received:
+                    return events
+            self._read_partial_frame()
         except ProtocolError as err:
             self._error = err
             raise
         return events
 
     def _handle_frame(self, frame: Frame) -> WebSocketEvent | None:
-        if self.close_received:
-            raise ProtocolError(1002, "frame received after CLOSE")
         op = frame.opcode
         if op == Opcode.PING:
             return Ping(frame.payload)
@@ -187,6 +218,21 @@ class Connection:
             return CloseReceived(code, reason)
 
         # Data frames: TEXT or BINARY open a message, CONTINUATION extends it.
+        if not self._frame_open:
+            self._open_data_frame(op, len(frame.payload))
+        rest = frame.payload[self._frame_taken :] if self._frame_taken else frame.payload
+        self._frame_open, self._frame_taken = False, 0
+        self._take(rest, final=frame.fin)
+        if not frame.fin:
+            return None
+        opcode, parts = self._message_opcode, self._parts
+        self._message_opcode, self._parts, self._text_decoder = None, [], None
+        if opcode == Opcode.TEXT:
+            return TextMessage("".join(parts))
+        return BinaryMessage(b"".join(parts))
+
+    def _open_data_frame(self, op: Opcode, length: int) -> None:
+        """Judge a data frame by its header: the message it opens or continues, and the size it brings it to."""
         if op == Opcode.CONTINUATION:
             if self._message_opcode is None:
                 raise ProtocolError(1002, "continuation frame without a message to continue")
@@ -197,30 +243,46 @@ class Connection:
             self._parts, self._size = [], 0
             if op == Opcode.TEXT:
                 self._text_decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-
-        self._size += len(frame.payload)
-        if self._size > self.max_message:
+        if self._size + length > self.max_message:
             raise ProtocolError(1009, f"message exceeds {self.max_message} bytes")
+        self._size += length
+        self._frame_open = True
 
+    def _take(self, payload: bytes, *, final: bool) -> None:
+        """Add payload bytes to the open message; a text message's are checked as UTF-8 at once."""
         if self._message_opcode == Opcode.TEXT:
-            # Validate each fragment as it arrives: invalid UTF-8 is refused
-            # at once, while a character split between two fragments is
-            # simply held by the decoder until its last byte comes.
+            # Invalid UTF-8 is refused at its first impossible byte, while a
+            # character split between two fragments (or two reads) is simply
+            # held by the decoder until its last byte comes.
             assert self._text_decoder is not None
             try:
-                self._parts.append(self._text_decoder.decode(frame.payload, final=frame.fin))
+                self._parts.append(self._text_decoder.decode(payload, final=final))
             except UnicodeDecodeError:
                 raise ProtocolError(1007, "text message is not valid UTF-8") from None
+            held = self._text_decoder.getstate()[0]
+            if held and not _UTF8_PREFIX.fullmatch(held):
+                raise ProtocolError(1007, "text message is not valid UTF-8")
         else:
-            self._parts.append(frame.payload)
+            self._parts.append(payload)
 
-        if not frame.fin:
-            return None
-        opcode, parts = self._message_opcode, self._parts
-        self._message_opcode, self._parts, self._text_decoder = None, [], None
-        if opcode == Opcode.TEXT:
-            return TextMessage("".join(parts))
-        return BinaryMessage(b"".join(parts))
+    def _read_partial_frame(self) -> None:
+        """Judge the data frame still arriving: its header now, a text message's bytes as they come."""
+        header = self._decoder.partial(None)
+        if header is None:
+            return
+        op, _fin, length, _ = header
+        if op.is_control:
+            return  # at most 125 bytes: judged whole
+        if not self._frame_open:
+            self._open_data_frame(op, length)
+        if self._message_opcode != Opcode.TEXT:
+            return  # binary bytes wait in the buffer for the whole frame
+        partial = self._decoder.partial(self._frame_taken)
+        assert partial is not None
+        piece = partial[3]
+        if piece:
+            self._take(piece, final=False)
+            self._frame_taken += len(piece)
 
     # -- sending ---------------------------------------------------------------
 

@@ -190,7 +190,12 @@ class FrameDecoder:
         self._buffer += data
         return iter(self._next_frame, None)
 
-    def _next_frame(self) -> Frame | None:
+    def _header(self) -> tuple[Opcode, bool, int, int, bytes] | None:
+        """The next frame's ``(opcode, fin, payload length, payload offset, mask key)``; None until it is all here.
+
+        Every rule the header carries is checked here, as soon as its bytes
+        have arrived.
+        """
         buf = self._buffer
         if len(buf) < 2:
             return None
@@ -241,14 +246,45 @@ class FrameDecoder:
                 return None
             key = bytes(buf[offset : offset + 4])
             offset += 4
+        return opcode, fin, length, offset, key
+
+    def _next_frame(self) -> Frame | None:
+        header = self._header()
+        if header is None:
+            return None
+        opcode, fin, length, offset, key = header
+        buf = self._buffer
         if len(buf) < offset + length:
             return None  # header is fine, payload still on its way
 
         payload = bytes(buf[offset : offset + length])
         del buf[: offset + length]
-        if masked:
+        if key:
             payload = apply_mask(payload, key)
         return Frame(opcode, payload, fin)
+
+    def partial(self, start: int | None = 0) -> tuple[Opcode, bool, int, bytes] | None:
+        """The frame still arriving, once its header is here: ``(opcode, fin, length, payload[start:])``.
+
+        The payload is what has arrived of it so far, unmasked, from byte
+        ``start`` on (so a caller that reads it as it comes unmasks each byte
+        once); ``start=None`` asks for the header alone. None when no header
+        is complete. Call it once ``frames`` has yielded every complete
+        frame: it is what lets a text message's UTF-8 be refused at its
+        first bad byte, before its frame is complete.
+        """
+        header = self._header()
+        if header is None:
+            return None
+        opcode, fin, length, offset, key = header
+        if start is None:
+            return opcode, fin, length, b""
+        end = min(len(self._buffer), offset + length)
+        piece = bytes(self._buffer[offset + start : end])
+        if key and piece:
+            shift = start % 4  # the mask repeats every 4 bytes of the payload
+            piece = apply_mask(piece, key[shift:] + key[:shift])
+        return opcode, fin, length, piece
 
 
 # --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ class ClientConnection:
         self.buffer = b""
         self.bytes_sent = 0
         self.sent_before_request = 0  # bytes_sent when the current request's head was read
+        self.unread_body: Request | None = None  # the current request, while its body is not read
         sock = writer.get_extra_info("socket")
         if sock is not None:
             # Send each small write at once. Nagle's algorithm would hold a
@@ -71,6 +72,10 @@ class ClientConnection:
         slowly it trickles (a slowloris sends one byte every few seconds and
         would otherwise hold the connection for ever).
         """
+        if self.unread_body is not None and not await self._skip_body(self.unread_body):
+            return None
+        # A new request: nothing of its answer is sent yet, so a malformed head still gets its 400.
+        self.sent_before_request = self.bytes_sent
         parser = RequestHeadParser(max_head=max_head)
         try:
             data = await self.read(idle_timeout)
@@ -84,11 +89,39 @@ class ClientConnection:
             if request is not None:
                 self.buffer = parser.rest
                 self.sent_before_request = self.bytes_sent
+                self.unread_body = request
                 return request
             data = await self._read_by(deadline, "head")
 
+    async def _skip_body(self, request: Request, *, timeout: float = 10.0) -> bool:
+        """Read past a body its handler never read (a GET with a Content-Length); False: close instead.
+
+        Its bytes are the request's, whether the route wanted them or not:
+        read as the start of the next request, they would be a request the
+        client never sent (request smuggling, RFC 9112 section 6.3). One too
+        large, too slow or malformed closes the connection.
+        """
+        self.unread_body = None
+        try:
+            body = BodyReader.for_request(request, max_body=MAX_BODY)
+            if body.done:
+                return True
+            deadline = time.monotonic() + timeout
+            body.feed(self.buffer)
+            self.buffer = b""
+            while not body.done:
+                data = await self._read_by(deadline, "body")
+                if not data:
+                    return False
+                body.feed(data)
+        except (HTTPError, ConnectionError):
+            return False
+        self.buffer = body.rest
+        return True
+
     async def read_body(self, request: Request, *, max_body: int = MAX_BODY, timeout: float = 10.0) -> bytes:
         """The whole request body within ``timeout``; a too-large ``Content-Length`` is refused before reading."""
+        self.unread_body = None
         body = BodyReader.for_request(request, max_body=max_body)  # raises 413 right here
         if body.done:
             return b""
