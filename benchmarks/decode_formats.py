@@ -55,7 +55,7 @@ from streamlab.model import cpu_kinds
 from streamlab.model.cpu_kinds import MAX_FIRST_TOKEN_SLOWDOWN, MAX_PERPLEXITY_CHANGE
 from streamlab.model.loading import load_model
 from streamlab.model.perplexity import encode_pairs, perplexity
-from streamlab.model.precision import Runner, get_format, make_runner, weight_bytes
+from streamlab.model.precision import DecodeRunner, get_format, make_runner, weight_bytes
 
 RECORDED = Path(__file__).resolve().parents[1] / "streamlab" / "data" / cpu_kinds.MEASURED_FILE
 FORMATS = ("float32", "bfloat16", "int8", "int4", "split-int8", "split-int4", "split-bfloat16")
@@ -71,7 +71,7 @@ def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
     return list(map(int, ids))
 
 
-def read_prompt(runner: Runner, ids: list[int]) -> tuple[float, Any, int]:
+def read_prompt(runner: DecodeRunner, ids: list[int]) -> tuple[float, Any, int]:
     """The time to the first token (the prompt read, the token picked), the cache it leaves, and the token."""
     cache = runner.new_cache()
     started = time.perf_counter()
@@ -80,7 +80,7 @@ def read_prompt(runner: Runner, ids: list[int]) -> tuple[float, Any, int]:
     return time.perf_counter() - started, cache, token
 
 
-def one_round(runners: dict[str, Runner], order: list[str], ids: list[int], tokens: int,
+def one_round(runners: dict[str, DecodeRunner], order: list[str], ids: list[int], tokens: int,
               repeats: int) -> dict[str, dict[str, Any]]:
     """One prompt, every format: prompt reads and then decode steps, interleaved format by format.
 

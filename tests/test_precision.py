@@ -24,7 +24,7 @@ from torch import nn
 
 from streamlab.model import precision
 from streamlab.model.precision import (
-    FORMATS, Format, Int4Linear, Int8Linear, Runner, cast_cache, convert_weights, dequantize, dequantize_int4,
+    FORMATS, DecodeFormat, Int4Linear, Int8Linear, DecodeRunner, cast_cache, convert_weights, dequantize, dequantize_int4,
     get_format, greedy, make_runner, quantize_groups_int4, quantize_per_channel,
 )
 
@@ -194,7 +194,7 @@ def same_positions(a: list[int], b: list[int]) -> int:
     return sum(x == y for x, y in zip(a, b))
 
 
-def picks(runner: Runner, prompt_ids: list[int], tokens: list[int]) -> list[int]:
+def picks(runner: DecodeRunner, prompt_ids: list[int], tokens: list[int]) -> list[int]:
     """The token ``runner`` picks at each position of ``tokens``, fed them teacher-forced (no cascade)."""
     cache = runner.new_cache()
     first = runner.prefill(prompt_ids, cache, logits_to_keep=1).logits[0, -1:]
@@ -254,10 +254,10 @@ def assert_same_up_to_float32_order(actual: torch.Tensor, expected: torch.Tensor
 
 @pytest.mark.model
 def test_the_kv_handoff_between_two_float32_copies_changes_nothing(lm, prompt_ids):
-    both = Format("split-float32", "float32", "float32", "two copies, one format: the handoff alone")
-    split = Runner(both, lm.model, convert_weights(lm.model, "float32"))
+    both = DecodeFormat("split-float32", "float32", "float32", "two copies, one format: the handoff alone")
+    split = DecodeRunner(both, lm.model, convert_weights(lm.model, "float32"))
     assert split.decode_model is not split.prefill_model
-    one = Runner(FORMATS["float32"], lm.model)
+    one = DecodeRunner(FORMATS["float32"], lm.model)
     cache_one, cache_split = one.new_cache(), split.new_cache()
     first = one.prefill(prompt_ids, cache_one, logits_to_keep=1).logits[0, -1]
     assert torch.equal(first, split.prefill(prompt_ids, cache_split, logits_to_keep=1).logits[0, -1])

@@ -170,7 +170,7 @@ class LoadedModel:
     source: str
     lock: FairLock = field(default_factory=FairLock, repr=False)
     precision: str = "float32"  # the decode format (streamlab.model.precision) or load dtype it runs in
-    # The format's prefill and decode entry points (streamlab.model.precision.Runner), for loops that call them.
+    # The format's prefill and decode entry points (streamlab.model.precision.DecodeRunner), for loops that call them.
     runner: Any = field(default=None, repr=False)
 
     @property
@@ -562,10 +562,10 @@ def load_model(
                              ) from exc
         model.to(dev)
         model.eval()
-        from streamlab.model.precision import Format, Runner, prepare_model
+        from streamlab.model.precision import DecodeFormat, DecodeRunner, prepare_model
 
         if fmt == "float16":  # a dtype to load in, not a format to convert to
-            runner = Runner(Format("float16", "float16", "float16", "half precision, as loaded"), model)
+            runner = DecodeRunner(DecodeFormat("float16", "float16", "float16", "half precision, as loaded"), model)
         else:
             # int8, int4 and the splits convert here (or read what an earlier load converted).
             model, runner = prepare_model(model, fmt, cache=narrow_cache(display, source, dev))

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from streamlab.model.precision import Runner
+from streamlab.model.precision import DecodeRunner
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def encode_pairs(tokenizer: Any, texts: Sequence[str | tuple[str, str]]) -> list
     return pairs
 
 
-def perplexity(runner: Runner, pairs: Sequence[tuple[list[int], list[int]]]) -> Perplexity:
+def perplexity(runner: DecodeRunner, pairs: Sequence[tuple[list[int], list[int]]]) -> Perplexity:
     """Perplexity of ``runner``'s format on encoded ``(context, continuation)`` pairs (see :func:`encode_pairs`).
 
     Two forward passes per text: the context through ``prefill`` (its last

@@ -40,7 +40,7 @@ projection, tied to the embedding in SmolLM2, gets its own int8 copy with a
 scale per vocabulary row (it is a fifth of the weights and read in full for
 every token; int4 would lose what the GGUF's 8-bit embedding kept).
 
-:class:`Runner` is how a generation loop uses a format: ``prefill`` for prompt
+:class:`DecodeRunner` is how a generation loop uses a format: ``prefill`` for prompt
 chunks and ``decode`` for decode steps, each routed to its phase's copy. A
 loop that does not know about phases yet can use :func:`prepare_model`, which
 routes by the shape of the input instead (more than one new token per row: a
@@ -67,7 +67,7 @@ _MIN_SCALE = 2.0**-60
 
 
 @dataclass(frozen=True)
-class Format:
+class DecodeFormat:
     """A decode format: the weights the prompt is read with, and the weights the tokens are made with."""
 
     name: str
@@ -80,31 +80,31 @@ class Format:
         return self.prefill != self.decode
 
 
-FORMATS: dict[str, Format] = {
+FORMATS: dict[str, DecodeFormat] = {
     f.name: f
     for f in (
-        Format("float32", "float32", "float32", "the weights as loaded; the reference"),
-        Format("bfloat16", "bfloat16", "bfloat16", "half the bytes per token, bfloat16 arithmetic throughout"),
-        Format("int8", "int8", "int8", "weight-only int8, a scale per output channel; float32 activations"),
-        Format("int4", "int4", "int4", "weight-only int4 in groups of 32 (an int8 head); float32 activations"),
-        Format("split-int8", "float32", "int8", "prompt in float32, tokens in int8 (shares all but the Linear weights)"),
-        Format("split-int4", "float32", "int4", "prompt in float32, tokens in int4 (shares all but the Linear weights)"),
-        Format("split-bfloat16", "float32", "bfloat16", "prompt in float32, tokens in bfloat16 (KV cache cast at the handoff)"),
+        DecodeFormat("float32", "float32", "float32", "the weights as loaded; the reference"),
+        DecodeFormat("bfloat16", "bfloat16", "bfloat16", "half the bytes per token, bfloat16 arithmetic throughout"),
+        DecodeFormat("int8", "int8", "int8", "weight-only int8, a scale per output channel; float32 activations"),
+        DecodeFormat("int4", "int4", "int4", "weight-only int4 in groups of 32 (an int8 head); float32 activations"),
+        DecodeFormat("split-int8", "float32", "int8", "prompt in float32, tokens in int8 (shares all but the Linear weights)"),
+        DecodeFormat("split-int4", "float32", "int4", "prompt in float32, tokens in int4 (shares all but the Linear weights)"),
+        DecodeFormat("split-bfloat16", "float32", "bfloat16", "prompt in float32, tokens in bfloat16 (KV cache cast at the handoff)"),
     )
 }
 # ``split`` names the split that measured best (benchmarks/decode_formats.py, see SPLIT_MEASURED).
 SPLIT = "split-int4"
 SPLIT_MEASURED = "int4 decodes fastest of the three and keeps perplexity within 0.2%; no KV conversion at the handoff"
-FORMATS["split"] = Format("split", FORMATS[SPLIT].prefill, FORMATS[SPLIT].decode, FORMATS[SPLIT].summary)
+FORMATS["split"] = DecodeFormat("split", FORMATS[SPLIT].prefill, FORMATS[SPLIT].decode, FORMATS[SPLIT].summary)
 
 
 def format_names() -> list[str]:
     return list(FORMATS)
 
 
-def get_format(name: str | Format) -> Format:
+def get_format(name: str | DecodeFormat) -> DecodeFormat:
     """The named format; a typo gets an error that lists every valid name."""
-    if isinstance(name, Format):
+    if isinstance(name, DecodeFormat):
         return name
     try:
         return FORMATS[name]
@@ -404,7 +404,7 @@ def _cache_arg(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5
 
 
-class Runner:
+class DecodeRunner:
     """A model made ready for a format, as a generation loop calls it: ``prefill`` then ``decode``.
 
     ``prefill`` reads prompt tokens into the cache with the prefill weights;
@@ -416,7 +416,7 @@ class Runner:
     batched loop can pass its masks through.
     """
 
-    def __init__(self, fmt: Format, prefill_model: nn.Module, decode_model: nn.Module | None = None) -> None:
+    def __init__(self, fmt: DecodeFormat, prefill_model: nn.Module, decode_model: nn.Module | None = None) -> None:
         self.format = fmt
         self.prefill_model = prefill_model
         self.decode_model = decode_model if decode_model is not None else prefill_model
@@ -451,11 +451,11 @@ class Runner:
         return self._run(self.decode_model, self._decode_arg, self.decode_dtype, ids, cache, kwargs)
 
     def __repr__(self) -> str:
-        return f"<Runner {self.format.name}: prefill {self.format.prefill}, decode {self.format.decode}>"
+        return f"<DecodeRunner {self.format.name}: prefill {self.format.prefill}, decode {self.format.decode}>"
 
 
-def make_runner(model: nn.Module, name: str | Format, *, cache: Path | None = None) -> Runner:
-    """A :class:`Runner` for the named format from a loaded float32 ``model`` (left as it is).
+def make_runner(model: nn.Module, name: str | DecodeFormat, *, cache: Path | None = None) -> DecodeRunner:
+    """A :class:`DecodeRunner` for the named format from a loaded float32 ``model`` (left as it is).
 
     Formats that need other weights build them as copies, so one float32
     model can back every format in the same process (the benchmark measures
@@ -463,14 +463,14 @@ def make_runner(model: nn.Module, name: str | Format, *, cache: Path | None = No
     """
     fmt = get_format(name)
     if fmt.prefill == "float32" and fmt.decode == "float32":
-        return Runner(fmt, model)
+        return DecodeRunner(fmt, model)
     prefill = model if fmt.prefill == "float32" else convert_weights(model, fmt.prefill, cache=cache)
     if not fmt.split:
-        return Runner(fmt, prefill)
-    return Runner(fmt, prefill, convert_weights(model, fmt.decode, cache=cache))
+        return DecodeRunner(fmt, prefill)
+    return DecodeRunner(fmt, prefill, convert_weights(model, fmt.decode, cache=cache))
 
 
-def _routed(runner: Runner, original: Callable[..., Any]) -> Callable[..., Any]:
+def _routed(runner: DecodeRunner, original: Callable[..., Any]) -> Callable[..., Any]:
     arg = runner._arg
 
     @functools.wraps(original)
@@ -486,27 +486,27 @@ def _routed(runner: Runner, original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
-def prepare_model(model: nn.Module, name: str | Format, *, cache: Path | None = None) -> tuple[nn.Module, Runner]:
+def prepare_model(model: nn.Module, name: str | DecodeFormat, *, cache: Path | None = None) -> tuple[nn.Module, DecodeRunner]:
     """Make a freshly loaded float32 ``model`` ready for a format, for loops that call ``model(...)``.
 
     Returns the model to call (converted in place where the format allows, so
-    a loaded model is not held twice) and its :class:`Runner`. For a split
+    a loaded model is not held twice) and its :class:`DecodeRunner`. For a split
     format the returned model is the float32 one with its ``forward`` routing
     a pass with one token per row to the decode copy: the generation loops
     read a prompt in chunks of many tokens and decode one token per row, so
-    the shape tells the phase until they call :meth:`Runner.prefill` and
-    :meth:`Runner.decode` themselves. ``cache``: as for :func:`convert_weights`.
+    the shape tells the phase until they call :meth:`DecodeRunner.prefill` and
+    :meth:`DecodeRunner.decode` themselves. ``cache``: as for :func:`convert_weights`.
     """
     fmt = get_format(name)
     if not fmt.split:
         converted = convert_weights(model, fmt.decode, copy_model=False, cache=cache)
-        return converted, Runner(fmt, converted)
-    runner = Runner(fmt, model, convert_weights(model, fmt.decode, cache=cache))
+        return converted, DecodeRunner(fmt, converted)
+    runner = DecodeRunner(fmt, model, convert_weights(model, fmt.decode, cache=cache))
     model.forward = _routed(runner, model.forward)
     return model, runner
 
 
-def weight_bytes(runner: Runner) -> int:
+def weight_bytes(runner: DecodeRunner) -> int:
     """Bytes of weights a decode step reads: the decode copy's tensors, less the embedding's unread rows.
 
     A token's embedding is one row of its table; the table is read in full
@@ -528,7 +528,7 @@ def weight_bytes(runner: Runner) -> int:
     return total
 
 
-def greedy(runner: Runner, prompt_ids: Sequence[int], tokens: int) -> list[int]:
+def greedy(runner: DecodeRunner, prompt_ids: Sequence[int], tokens: int) -> list[int]:
     """The first ``tokens`` greedy tokens after a prompt: one prefill, then decode steps with the cache."""
     cache = runner.new_cache()
     out = runner.prefill(list(prompt_ids), cache, logits_to_keep=1)
