@@ -83,3 +83,12 @@ def test_a_full_line_names_max_waiting():
         refused = run_sync(main())
     assert refused.status == 503
     assert f"{config.flag('max_waiting')} 0" in json.loads(refused.body)["error"]["message"]
+
+
+def test_a_head_or_body_past_its_limit_names_the_flag_that_raises_it():
+    with serving(max_head=2048, max_body=64) as server:
+        head = httpx.get(f"http://127.0.0.1:{server.port}/health", headers={"X-Big": "x" * 4000})
+        body = httpx.post(f"http://127.0.0.1:{server.port}/stream", content=b'{"prompt": "' + b"x" * 200 + b'"}',
+                          headers={"Content-Type": "application/json"})
+    assert head.status_code == 431 and "--max-head" in head.json()["error"]["message"]
+    assert body.status_code == 413 and "--max-body" in body.json()["error"]["message"]

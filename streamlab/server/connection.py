@@ -18,7 +18,21 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from streamlab.net.serving import ClientGone, serve_until_signalled  # noqa: F401 - importable from here too
 from streamlab.protocol.http_head import BodyReader, HTTPError, Request, RequestHeadParser
 from streamlab.protocol.endings import EOF, WRITE_FAILED, WRITE_TIMEOUT
-from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE
+from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE, flag
+
+
+def named_limit(call: Callable[..., Any], *args: Any, status: int = 0, setting: str = "", **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``; a refusal with ``status`` at the size limit names the flag that raises it.
+
+    Only a refusal counted in bytes is that limit's (431 also refuses too
+    many header fields, which no flag changes).
+    """
+    try:
+        return call(*args, **kwargs)
+    except HTTPError as err:
+        if err.status != status or "bytes" not in err.message:
+            raise
+        raise HTTPError(status, f"{err.message} ({flag(setting)} raises the limit)") from None
 
 
 class ClientConnection:
@@ -59,7 +73,7 @@ class ClientConnection:
                 raise asyncio.TimeoutError
             return await self.read(left)
         except asyncio.TimeoutError:
-            raise HTTPError(408, f"the request {what} took too long") from None
+            raise HTTPError(408, f"the request {what} took too long ({flag(what + '_timeout')})") from None
 
     async def read_head(
         self, *, idle_timeout: float = IDLE_TIMEOUT, head_timeout: float = 10.0, max_head: int = MAX_HEAD
@@ -85,7 +99,7 @@ class ClientConnection:
         while True:
             if not data:
                 return None
-            request = parser.feed(data)
+            request = named_limit(parser.feed, data, status=431, setting="max_head")
             if request is not None:
                 self.buffer = parser.rest
                 self.sent_before_request = self.bytes_sent
@@ -122,20 +136,21 @@ class ClientConnection:
     async def read_body(self, request: Request, *, max_body: int = MAX_BODY, timeout: float = 10.0) -> bytes:
         """The whole request body within ``timeout``; a too-large ``Content-Length`` is refused before reading."""
         self.unread_body = None
-        body = BodyReader.for_request(request, max_body=max_body)  # raises 413 right here
+        # A Content-Length past the limit is refused right here, before a byte of the body is read.
+        body = named_limit(BodyReader.for_request, request, status=413, setting="max_body", max_body=max_body)
         if body.done:
             return b""
         if (request.header("expect") or "").lower() == "100-continue":
             # curl waits for this before sending a body over 1 KiB.
             await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         deadline = time.monotonic() + timeout
-        parts = body.feed(self.buffer)
+        parts = named_limit(body.feed, self.buffer, status=413, setting="max_body")
         self.buffer = b""
         while not body.done:
             data = await self._read_by(deadline, "body")
             if not data:
                 raise ClientGone(EOF)
-            parts += body.feed(data)
+            parts += named_limit(body.feed, data, status=413, setting="max_body")
         self.buffer = body.rest
         return b"".join(parts)
 
