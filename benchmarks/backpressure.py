@@ -47,7 +47,7 @@ from streamlab.lab.backpressure import (
     report,
     run,
 )
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 
 SCRIPTED_RATE = 150.0  # tokens/s: ~40 KB/s of OpenAI events against a 1 KB/s reader
 SCRIPTED_DURATION = 20.0  # seconds per policy: the buffers fill in ~5 s at that rate

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 from streamlab.lab.llamacpp import LlamaServer, chat_stream_timing, unavailable_reason
 from streamlab.lab.measures import load_note
 from streamlab.lab.records import load_prompts

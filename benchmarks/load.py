@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 from streamlab.lab.load import AS_SHIPPED, CONCURRENCY, ENGINES, TOKENS, measure
 
 

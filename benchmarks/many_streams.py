@@ -40,9 +40,9 @@ import argparse
 import math
 import statistics
 
-from streamlab.book.bench import Report, _fmt
+from streamlab.lab.measures import Report, _fmt
 from streamlab.lab.many_streams import LOOPS, SSE_SERVERS, WS_SERVERS, compare, default_loop, table
-from streamlab.server.scripted import scripted_name
+from streamlab.server.answers.scripted import scripted_name
 
 KEYS = {"streamlab": "streamlab", "streamlab-ws": "streamlab", "uvicorn+starlette": "starlette",
         "uvicorn+sse-starlette": "sse_starlette", "websockets": "websockets"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 from streamlab.lab.overhead import BARE, BATCHED, GENERATION, READERS, STREAM, model_overhead, server_overhead
 from streamlab.lab.runner import serve
 from streamlab.model.loading import load_model

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 from streamlab.lab.measures import load_note
 from streamlab.model.generation import PREFILL_CHUNK, Generation
 from streamlab.model.loading import FairLock, load_model

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from streamlab.book.bench import Report
+from streamlab.lab.measures import Report
 from streamlab.lab.log_cost import compare
 from streamlab.lab.redis_server import run_redis
 

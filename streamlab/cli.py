@@ -19,8 +19,8 @@ import traceback
 from streamlab.net.errors import DEBUG_EPILOG, UserError, debugging, listen_error, one_line
 
 COMMANDS = {
-    "serve": ("streamlab.server", "run the model server (/complete, /stream, /ws)"),
-    "worker": ("streamlab.server.worker", "take /generations jobs from Redis and generate them (serve --events)"),
+    "serve": ("streamlab.server.command", "run the model server (/complete, /stream, /ws)"),
+    "worker": ("streamlab.server.resources.worker", "take /generations jobs from Redis and generate them (serve --events)"),
     "proxy": ("streamlab.hops.proxy", "run the buffering reverse proxy"),
     "platform": ("streamlab.hops.function_platform", "run a function-platform stand-in (execution limit, buffering, bill)"),
     "run-notebooks": ("streamlab.book.notebooks", "execute every chapter with papermill into build/"),

@@ -139,7 +139,7 @@ class InProcess:
         self.url = f"http://127.0.0.1:{server.port}"
 
     def logs(self) -> list[dict]:
-        from streamlab import client
+        from streamlab.client import timed as client
 
         return client.get_json_sync(self.port, "/log")
 

@@ -17,7 +17,7 @@ except ImportError:
     FakeLM = None
 
 from streamlab.lab.runner import serve_in_process
-from streamlab.server import Server
+from streamlab.server.app import Server
 
 
 @contextmanager

@@ -21,18 +21,20 @@ import pytest
 from streamlab.net.errors import UserError
 from fakes import FakeLM
 from inprocess import serving
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import wire
 from streamlab.model.backlog import Backlog
-from streamlab.book.bench import parse_line
-from streamlab.model.generation import Generation, GenerationResult, Piece, PieceQueue, PieceSource
-from streamlab.server.anthropic_api import MessagesFormat
+from streamlab.lab.measures import parse_line
+from streamlab.model.generation import Generation, PieceQueue, PieceSource
+from streamlab.model.lifecycle import GenerationResult, Piece
+from streamlab.server.wire.anthropic_api import MessagesFormat
 from streamlab.server.config import MAX_QUEUED, SLOW_READER_TIMEOUT, config_from_args, parse_args
-from streamlab.server.formats import StreamlabFormat
-from streamlab.server.jobs import Job, LogRecord
-from streamlab.server.openai_api import ChatCompletionFormat
-from streamlab.server.upstream import UpstreamGeneration
+from streamlab.server.wire.formats import StreamlabFormat
+from streamlab.server.answers.jobs import Job, LogRecord
+from streamlab.server.wire.openai_api import ChatCompletionFormat
+from streamlab.server.answers.upstream import UpstreamGeneration
 from streamlab.protocol.endings import INCOMPLETE_REASONS, MAX_TOKENS, SLOW_READER, STOP_REASONS, STOPPED, stop_reason_for
-from streamlab.server.store import CUT_OFF_WORDS
+from streamlab.server.store.schema import CUT_OFF_WORDS
 from streamlab.client.tracing import ResponseRecorder, Trace
 
 pytestmark = pytest.mark.timeout(60)
@@ -251,7 +253,7 @@ def slow_socket(port: int, path: str, body: dict) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1448)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(client.post_request(port, path, body))
+    sock.sendall(wire.post_request(port, path, body))
     return sock
 
 
@@ -383,7 +385,7 @@ def test_the_benchmark_runs_at_its_tiny_size_and_its_lines_parse(tmp_path, capsy
 
 def test_the_scripted_source_obeys_the_bound_and_stops_a_slow_reader():
     """The scripted token source (many-streams benchmark, --scripted-rate) holds back at the bound like a model."""
-    from streamlab.server.scripted import ScriptedGeneration
+    from streamlab.server.answers.scripted import ScriptedGeneration
 
     async def main():
         waiting = ScriptedGeneration(rate=200, max_tokens=100).set_backpressure(5, None)

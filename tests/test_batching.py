@@ -21,7 +21,8 @@ import pytest
 from streamlab.net.errors import UserError
 from streamlab.net.aio import run_sync
 from streamlab.model.batching import MAX_HOLES, BatchedEngine, can_batch
-from streamlab.model.generation import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED, Generation, encode_prompt
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOP_SEQUENCE, STOPPED
+from streamlab.model.generation import Generation, encode_prompt
 
 model = pytest.mark.model
 
@@ -42,7 +43,7 @@ def lm():
     bookkeeping under test is the same, but "the same text" would no longer
     say that it is right.
     """
-    from streamlab import load_model
+    from streamlab.model.loading import load_model
 
     return load_model(precision="float32")
 
@@ -257,7 +258,7 @@ def test_the_engine_flag():
 def test_a_model_that_cannot_be_batched_runs_threads_whatever_the_config():
     from fakes import FakeLM
     from inprocess import serving
-    from streamlab import client
+    from streamlab.client import timed as client
 
     with serving(FakeLM("Hello, world!"), engine="batched") as server:
         trace = client.stream_sync(server.port, "hi", 50)
@@ -268,7 +269,7 @@ def test_a_model_that_cannot_be_batched_runs_threads_whatever_the_config():
 @model
 def test_the_server_streams_from_the_batch(lm):
     from inprocess import serving
-    from streamlab import client
+    from streamlab.client import timed as client
 
     async def readers(port):
         return await asyncio.gather(

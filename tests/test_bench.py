@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from streamlab.book import bench
-from streamlab.book.bench import Report, parse_line, summary
+from streamlab.lab.measures import Report, parse_line
+from streamlab.book.bench import summary
 
 
 def test_lines_round_trip_with_targets_and_verdicts(tmp_path, capsys):

@@ -26,7 +26,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from streamlab import cli
-from streamlab.book.chapter import NOTEBOOKS
+from streamlab.lab.records import NOTEBOOKS
 from streamlab.book.contents import PREREQUISITES, chapter_info, exercise_rows, exercises_by_chapter
 from streamlab.book.grading import EXERCISES, exercises
 from streamlab.book.notebooks import chapters
@@ -209,21 +209,21 @@ def test_an_exercise_page_is_its_brief_and_links_its_chapter(small_book):
 
 @pytest.mark.browser
 def test_chromium_reaches_every_page_with_every_image(small_book):
-    from streamlab.lab import browser
+    from streamlab.lab import headless
 
-    reason = browser.unavailable_reason()
+    reason = headless.unavailable_reason()
     if reason:
         pytest.skip(reason)
     book = small_book.parent.resolve()
     seen: dict[Path, dict] = {}
     queue = [small_book.resolve()]
-    with browser.chromium(width=1000, height=700) as driver:
+    with headless.chromium(width=1000, height=700) as driver:
         while queue:
             page = queue.pop()
             if page in seen:
                 continue
             driver.get(page.as_uri())
-            browser.wait_for(lambda: driver.execute_script(
+            headless.wait_for(lambda: driver.execute_script(
                 "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"),
                 20, f"{page.name} to load")
             seen[page] = found = driver.execute_script("""return {

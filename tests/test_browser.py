@@ -25,11 +25,13 @@ from fakes import FakeLM
 from inprocess import serving
 
 from streamlab.lab import browser
+from streamlab.lab import cross_site
+from streamlab.lab import headless
 from streamlab.lab import runner
 from streamlab.client.timed import fetch_sync, get_json_sync
-from streamlab.server import guards
+from streamlab.server.transport import guards
 
-REASON = browser.unavailable_reason()
+REASON = headless.unavailable_reason()
 
 pytestmark = [
     pytest.mark.browser,
@@ -59,7 +61,7 @@ def page_server(
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator["browser.Chrome"]:
-    with browser.chromium(width=1280, height=800) as drv:
+    with headless.chromium(width=1280, height=800) as drv:
         yield drv
 
 
@@ -67,10 +69,10 @@ def driver() -> Iterator["browser.Chrome"]:
 def page(driver, page_server: runner.RunningServer):
     """The page, freshly loaded on a new conversation."""
     driver.get(page_server.url + "/")
-    browser.wait_for(lambda: driver.execute_script("return !!window.streamlab"), 10, "the page's script")
+    headless.wait_for(lambda: driver.execute_script("return !!window.streamlab"), 10, "the page's script")
     driver.execute_script("localStorage.clear()")
     driver.get(page_server.url + "/")
-    browser.wait_for(lambda: driver.execute_script("return !!window.streamlab"), 10, "the page's script")
+    headless.wait_for(lambda: driver.execute_script("return !!window.streamlab"), 10, "the page's script")
     driver.get_log("browser")  # start each test with an empty console
     return driver
 
@@ -123,7 +125,7 @@ def test_page_is_served(page, page_server):
 @model
 def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     send(page, PROMPT, max_tokens=400)
-    browser.wait_for(lambda: browser.page_state(page) == "streaming", 10, "the page to start streaming")
+    headless.wait_for(lambda: browser.page_state(page) == "streaming", 10, "the page to start streaming")
 
     # The answer grows while it streams: sample what the reader sees.
     samples = [answer_length(page)]
@@ -141,7 +143,7 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     # A reload mid-stream: the server kept the events, the page reads them again and goes on.
     before = js(page, "return {id: streamlab.generationId, text: streamlab.text}")
     page.refresh()
-    browser.wait_for(
+    headless.wait_for(
         lambda: js(page, "return !!window.streamlab && streamlab.text.length > arguments[0]", len(before["text"])),
         30,
         "the answer to resume after a reload",
@@ -152,12 +154,12 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     assert resumed["text"].startswith(before["text"])
     assert page.find_element("css selector", "#live-prompt .content").text == PROMPT
     assert not page.find_elements("css selector", "#history .msg"), "the answer in progress is not history yet"
-    browser.wait_for(lambda: browser.pieces_received(page) >= STOP_AFTER, 60, f"{STOP_AFTER} pieces")
+    headless.wait_for(lambda: browser.pieces_received(page) >= STOP_AFTER, 60, f"{STOP_AFTER} pieces")
 
     stop = page.find_element("id", "stop")
     assert stop.is_enabled()
     stop.click()
-    browser.wait_for(lambda: browser.page_state(page) == "done", 30, "the end event after Stop")
+    headless.wait_for(lambda: browser.page_state(page) == "done", 30, "the end event after Stop")
 
     streamlab = js(page, "return {id: streamlab.generationId, conversation: streamlab.conversationId,"
                          " text: streamlab.text, end: streamlab.end, pieces: streamlab.pieces.length}")
@@ -188,7 +190,7 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
     # Reload: the conversation comes back from the server, the partial answer marked.
     assert streamlab["conversation"] in page.current_url
     page.refresh()
-    marked = browser.wait_for(
+    marked = headless.wait_for(
         lambda: page.find_elements("css selector", '#history .incomplete[data-stop-reason="stopped"]'),
         10,
         "the stopped answer in the history after a reload",
@@ -207,7 +209,7 @@ def test_answer_streams_in_then_stop_stops_the_server(page, page_server):
 @model
 def test_token_limit_is_shown_as_cut_off(page, page_server):
     send(page, PROMPT, max_tokens=5)
-    browser.wait_for(lambda: browser.page_state(page) == "done", 30, "the end of a 5-token answer")
+    headless.wait_for(lambda: browser.page_state(page) == "done", 30, "the end of a 5-token answer")
     end = js(page, "return streamlab.end")
     assert end["stop_reason"] == "max_tokens", end
     assert end["tokens"] == 5
@@ -237,7 +239,7 @@ def test_refused_request_is_shown_as_failed(page, page_server):
         """,
     )
     browser.send_prompt(page, "hello")
-    browser.wait_for(lambda: browser.page_state(page) == "done", 10, "the refusal")
+    headless.wait_for(lambda: browser.page_state(page) == "done", 10, "the refusal")
     status = page.find_element("id", "status").text
     assert status.lower().startswith("failed:"), status
     assert "HTTP" not in status or "400" in status
@@ -377,7 +379,7 @@ def test_screenshot_mid_stream(tmp_path: Path, page_server: runner.RunningServer
 # A page of another origin
 # --------------------------------------------------------------------------
 
-ATTEMPTS = [name for name, _ in browser.CROSS_SITE_ATTEMPTS]
+ATTEMPTS = [name for name, _ in cross_site.CROSS_SITE_ATTEMPTS]
 
 
 def by_attempt(result: dict) -> dict[str, dict]:
@@ -390,7 +392,7 @@ def by_attempt(result: dict) -> dict[str, dict]:
 def test_a_page_of_another_origin_gets_nothing_done():
     with serving(FakeLM("Hello from the model.")) as server:
         started = time.monotonic()
-        result = browser.cross_site_attempt(server.port)
+        result = cross_site.cross_site_attempt(server.port)
         elapsed = time.monotonic() - started
 
         assert result["generated"] == 0 and result["stored"] == 0, result
@@ -447,7 +449,7 @@ def test_the_same_page_gets_through_without_the_guards(monkeypatch):
     monkeypatch.setattr(guards.Guards, "check_json", staticmethod(lambda request: None))
     monkeypatch.setattr(guards.Guards, "check_origin", lambda self, request: None)
     with serving(FakeLM("Hello from the model.")) as server:
-        result = browser.cross_site_attempt(server.port)
+        result = cross_site.cross_site_attempt(server.port)
         rows = by_attempt(result)
         # The page sees the same opaque response as when it was refused: only the server can tell.
         assert rows["no-cors fetch"]["outcome"] == "opaque response"

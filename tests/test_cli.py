@@ -27,12 +27,13 @@ from pathlib import Path
 import pytest
 
 from inprocess import serving
-from streamlab import cli, client
+from streamlab import cli
+from streamlab.client import timed as client
 from streamlab.book import notebooks
 from streamlab.net.errors import UserError
-from streamlab.server import store_file
-from streamlab.server.sources import UpstreamSource
-from streamlab.server.store import Store
+from streamlab.server.store import file as store_file
+from streamlab.server.answers.sources import UpstreamSource
+from streamlab.server.store.database import Store
 
 REPO = Path(__file__).resolve().parents[1]
 # Lines a command prints on its way up, before the mistake: not the mistake's own.

@@ -12,11 +12,14 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import timed_websocket
+from streamlab.client import tracing
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_handshake
 from streamlab.client import tracing as trace_mod
-from streamlab.client.timed import Trace
+from streamlab.client.tracing import Trace
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -272,7 +275,7 @@ def test_every_request_names_the_server_and_posts_json():
             await client.events(port, "/generations/g1/events", last_event_id=3)
             await client.get_json(port, "/health")
             await client.wait_log(port, "g1")
-            await client.websocket(port, "hi", 2)
+            await timed_websocket.websocket(port, "hi", 2)
             return port
 
     port = run(main())
@@ -432,8 +435,8 @@ def test_sync_twins_work_inside_a_running_loop():
 
 
 def test_trace_names_are_still_importable_from_client():
-    assert client.Trace is trace_mod.Trace and client.TraceEvent is trace_mod.TraceEvent
-    assert client.last_id is trace_mod.last_id
+    assert tracing.Trace is trace_mod.Trace and tracing.TraceEvent is trace_mod.TraceEvent
+    assert tracing.last_id is trace_mod.last_id
     assert all(hasattr(client, name) for name in client.__all__)
 
 
@@ -456,7 +459,7 @@ def fake_ws_server(script: Callable[[ws.Connection, dict], list[bytes]], seen: d
             writer.write(f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             writer.close()
             return
-        writer.write(ws.server_handshake_response(headers["sec-websocket-key"], [("X-Request-Id", "ws1")]))
+        writer.write(websocket_handshake.server_handshake_response(headers["sec-websocket-key"], [("X-Request-Id", "ws1")]))
         conn = ws.Connection(client=False)  # raises on an unmasked client frame
         seen["messages"], seen["pongs"] = [], []
         while not seen["messages"]:
@@ -495,7 +498,7 @@ def test_websocket_trace():
 
     async def main() -> Trace:
         async with serving(fake_ws_server(script, seen)) as port:
-            trace = await client.websocket(port, "hi", 2, seed=5)
+            trace = await timed_websocket.websocket(port, "hi", 2, seed=5)
             await asyncio.sleep(0.1)
             return trace
 
@@ -516,7 +519,7 @@ def test_websocket_say_stop():
 
     async def main() -> Trace:
         async with serving(fake_ws_server(script, seen)) as port:
-            return await client.websocket(port, "hi", 9, stop_after=2, say_stop=True, timeout=1)
+            return await timed_websocket.websocket(port, "hi", 9, stop_after=2, say_stop=True, timeout=1)
 
     with pytest.raises(TimeoutError):  # our fake never answers the stop; the client waits for "done"
         run(main())
@@ -531,7 +534,7 @@ def test_websocket_leave_sends_close():
 
     async def main() -> Trace:
         async with serving(fake_ws_server(script, seen)) as port:
-            return await client.websocket(port, "hi", 9, stop_after=2)
+            return await timed_websocket.websocket(port, "hi", 9, stop_after=2)
 
     trace = run(main())
     assert trace.left and not trace.complete and len(trace.text_events) >= 2
@@ -540,7 +543,7 @@ def test_websocket_leave_sends_close():
 def test_websocket_refused():
     async def main() -> Trace:
         async with serving(fake_ws_server(lambda conn, seen: [], {})) as port:
-            return await client.websocket(port, "hi", 2, origin="http://evil.example")
+            return await timed_websocket.websocket(port, "hi", 2, origin="http://evil.example")
 
     trace = run(main())
     assert trace.status == 403 and trace.error["status"] == 403 and not trace.complete

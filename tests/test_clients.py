@@ -38,11 +38,12 @@ import pytest
 from httpx_sse import connect_sse
 
 from fakes import DEFAULT_SCRIPT
-from streamlab.lab import browser
-from streamlab import client
+from streamlab.lab import headless
+from streamlab.client import timed as client
+from streamlab.client import tracing
 from streamlab.model.loading import default_cache_dir
 from streamlab.protocol import sse
-from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
 from streamlab.server.config import MAX_BODY, MAX_WS_MESSAGE, RETRY_MS
 
 pytestmark = pytest.mark.timeout(60)
@@ -466,15 +467,15 @@ source.onerror = () => { got.errors.push(source.readyState); };
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(browser.unavailable_reason() is not None, reason=f"no headless browser: {browser.unavailable_reason()}")
+@pytest.mark.skipif(headless.unavailable_reason() is not None, reason=f"no headless browser: {headless.unavailable_reason()}")
 def test_chromium_eventsource_reads_the_answer_and_stops_at_204(apps):
     server = apps(decode_seconds=0.02)
     created = client.create_generation_sync(server.port, {"prompt": PROMPT, "max_tokens": 30, **EXACT})
     path = created["events"]
-    with Relay(server.port) as relay, browser.chromium(width=800, height=600) as driver:
+    with Relay(server.port) as relay, headless.chromium(width=800, height=600) as driver:
         driver.get(f"http://127.0.0.1:{relay.port}/health")  # same origin as the stream, no page script
         driver.execute_script(BROWSER_READER, path)
-        browser.wait_for(lambda: driver.execute_script("return source.readyState === 2"), 20, "EventSource CLOSED")
+        headless.wait_for(lambda: driver.execute_script("return source.readyState === 2"), 20, "EventSource CLOSED")
         time.sleep(RETRY_MS / 1000 * 1.5)  # long enough for one more reconnect, were there any
         got = driver.execute_script("return window.got")
         state = driver.execute_script("return source.readyState")
@@ -597,7 +598,7 @@ def ended(app) -> dict:
     created = client.create_generation_sync(app.port, {"prompt": PROMPT, "max_tokens": 6, **EXACT})
     trace = client.events_sync(app.port, created["events"])
     assert trace.complete
-    return {"id": created["id"], "events": created["events"], "last": client.last_id(trace)}
+    return {"id": created["id"], "events": created["events"], "last": tracing.last_id(trace)}
 
 
 GEN = json.dumps({"prompt": PROMPT, "max_tokens": 5, **EXACT}).encode()
@@ -693,14 +694,14 @@ def test_h11_reports_the_switch_to_websocket(app):
         assert got["sec-websocket-accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
         assert got["upgrade"].lower() == "websocket" and "upgrade" in got["connection"].lower()
         leftover, _ = h.conn.trailing_data  # bytes after the 101 belong to the WebSocket
-        h.sock.sendall(ws.encode_frame(ws.Opcode.CLOSE, ws.encode_close_payload(1000), mask=True))
-        decoder = ws.FrameDecoder(expect_masked=False)
+        h.sock.sendall(websocket_frames.encode_frame(websocket_frames.Opcode.CLOSE, websocket_frames.encode_close_payload(1000), mask=True))
+        decoder = websocket_frames.FrameDecoder(expect_masked=False)
         frames = decoder.feed(leftover)
         while not frames:
             chunk = h.sock.recv(65536)
             assert chunk, "closed without a CLOSE frame"
             frames += decoder.feed(chunk)
-        assert frames[0].opcode == ws.Opcode.CLOSE and ws.parse_close_payload(frames[0].payload)[0] == 1000
+        assert frames[0].opcode == websocket_frames.Opcode.CLOSE and websocket_frames.parse_close_payload(frames[0].payload)[0] == 1000
     finally:
         h.close()
 

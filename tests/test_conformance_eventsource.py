@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import tracing
 from streamlab.client.event_source import EventSourceRun, event_source
 
 pytestmark = pytest.mark.timeout(60)
@@ -250,15 +251,15 @@ def test_our_server_reconnect_after_the_end_gets_204(app):
     run = read(app.port, created["events"])
     assert run.outcome == "204" and len(run.traces) == 2 and run.ended
     last = [e.id for e in run.traces[0].events if e.id][-1]
-    assert client.last_id(run.traces[0]) == last and run.waits == [1.0]  # the server's retry: 1000
+    assert tracing.last_id(run.traces[0]) == last and run.waits == [1.0]  # the server's retry: 1000
 
 
 def test_our_server_resumes_after_the_last_event_id_sent_back(app):
     created = client.create_generation_sync(app.port, BODY)
     first = client.events_sync(app.port, created["events"], stop_after=2)
-    rest = client.events_sync(app.port, created["events"], last_event_id=client.last_id(first))
+    rest = client.events_sync(app.port, created["events"], last_event_id=tracing.last_id(first))
     assert first.text + rest.text == client.events_sync(app.port, created["events"]).text
-    assert [int(e.id) for e in rest.events if e.id][0] == int(client.last_id(first)) + 1
+    assert [int(e.id) for e in rest.events if e.id][0] == int(tracing.last_id(first)) + 1
 
 
 def test_our_server_unknown_stream_is_request_status_error(app):

@@ -20,7 +20,8 @@ import socket
 
 import pytest
 from streamlab.lab import conformance_http as ch
-from streamlab.protocol.http_head import BodyReader, ResponseHeadParser
+from streamlab.protocol.http_body import BodyReader
+from streamlab.protocol.http_head import ResponseHeadParser
 
 pytestmark = pytest.mark.timeout(60)
 

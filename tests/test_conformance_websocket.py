@@ -29,6 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from streamlab.lab import conformance_ws as cw
 from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
+from streamlab.protocol import websocket_handshake
 from streamlab.protocol.http_head import parse_response_head
 from streamlab.server.config import MAX_WS_MESSAGE
 
@@ -113,7 +115,7 @@ def plan(script: cw.Script) -> Plan:
                 out.close = 1003
                 return out
             elif isinstance(event, ws.CloseReceived):
-                out.close = event.code if ws.is_valid_close_code(event.code) else 1000
+                out.close = event.code if websocket_frames.is_valid_close_code(event.code) else 1000
                 return out
         if framewise.failed and framewise.failed_at == index:
             out.close = framewise.close
@@ -126,7 +128,7 @@ class Peer:
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-        self.sock.sendall(ws.client_handshake(f"127.0.0.1:{port}", "/ws", ws.new_key()))
+        self.sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{port}", "/ws", websocket_handshake.new_key()))
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = self.sock.recv(65536)
@@ -134,8 +136,8 @@ class Peer:
             data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         assert parse_response_head(head + b"\r\n\r\n").status == 101
-        self.decoder = ws.FrameDecoder(expect_masked=False, max_frame=1 << 24)
-        self.frames: list[ws.Frame] = []
+        self.decoder = websocket_frames.FrameDecoder(expect_masked=False, max_frame=1 << 24)
+        self.frames: list[websocket_frames.Frame] = []
         self.gone = False
         self._take(rest)
 
@@ -144,7 +146,7 @@ class Peer:
 
     @property
     def closed(self) -> bool:
-        return self.gone or any(f.opcode == ws.Opcode.CLOSE for f in self.frames)
+        return self.gone or any(f.opcode == websocket_frames.Opcode.CLOSE for f in self.frames)
 
     def read(self, timeout: float | None = 20) -> None:
         readable, _, _ = select.select([self.sock], [], [], timeout)
@@ -174,7 +176,7 @@ class Peer:
     def answers(self) -> int:
         done = 0
         for f in self.frames:
-            if f.opcode == ws.Opcode.TEXT:
+            if f.opcode == websocket_frames.Opcode.TEXT:
                 message = json.loads(f.payload)
                 done += bool(message.get("done") or "error" in message)
         return done
@@ -184,8 +186,8 @@ class Peer:
             self.read()
 
     def close_code(self) -> int | None:
-        close = next((f for f in self.frames if f.opcode == ws.Opcode.CLOSE), None)
-        return None if close is None else ws.parse_close_payload(close.payload)[0]
+        close = next((f for f in self.frames if f.opcode == websocket_frames.Opcode.CLOSE), None)
+        return None if close is None else websocket_frames.parse_close_payload(close.payload)[0]
 
 
 def writes(script: cw.Script, parts: list[bytes], waits: list[int]) -> list[tuple[int, bytes]]:
@@ -236,13 +238,13 @@ def test_server(app, case_id):
     peer = run_live(app.port, script)
     title = BY_ID[case_id].title
     assert peer.close_code() == expected.close, title
-    pongs = [f.payload for f in peer.frames if f.opcode == ws.Opcode.PONG]
+    pongs = [f.payload for f in peer.frames if f.opcode == websocket_frames.Opcode.PONG]
     count = len(pongs) if script.live_count is None else len(expected.pongs)
     assert pongs == expected.pongs[: count], title
     answers = expected.answers if script.live_count is None else min(expected.answers, script.live_count)
     assert peer.answers() == answers + expected.refused, title
     if expected.refused:
-        last = json.loads([f for f in peer.frames if f.opcode == ws.Opcode.TEXT][-1].payload)
+        last = json.loads([f for f in peer.frames if f.opcode == websocket_frames.Opcode.TEXT][-1].payload)
         assert last["error"]["status"] == 400, title
 
 
@@ -267,7 +269,7 @@ def _outcome(conn: ws.Connection, pieces: list[bytes]) -> tuple[list, int | None
     for piece in pieces:
         try:
             events += conn.receive(piece)
-        except ws.ProtocolError as err:
+        except websocket_frames.ProtocolError as err:
             return events, err.code
     return events, None
 

@@ -151,11 +151,12 @@ def test_connections_are_read_from_chromiums_network_log():
 def test_the_stream_chart_can_be_read_at_the_notebooks_width():
     from test_plots import drawn, outside, overlaps
 
-    from streamlab.book import connection_plots, plots
+    from streamlab.book import connection_plots
+    from streamlab.book import style
 
     h1 = [timing(i, 0.03, 0.07, 2.0) for i in range(1, 7)] + [timing(7, 2.03, 2.07, 4.0), timing(8, 2.05, 2.1, 4.05)]
     h2 = [timing(i, 0.07, 0.08, 2.03) for i in range(1, 9)]
     fig = drawn(lambda: connection_plots.stream_slots({"HTTP/1.1": h1, "HTTP/2": h2}))
-    assert fig.get_figwidth() <= plots.NOTEBOOK_WIDTH + 1e-9
+    assert fig.get_figwidth() <= style.NOTEBOOK_WIDTH + 1e-9
     assert overlaps(fig) == [] and outside(fig) == []
     assert all(ax.get_ylabel() and ax.get_title(loc="left") for ax in fig.axes) and fig.axes[-1].get_xlabel()

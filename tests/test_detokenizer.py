@@ -101,7 +101,7 @@ def test_agrees_with_decode_stream(tok, text):
 
 def test_model_generated_ids(tok):
     """Ids a real model sampled at a high temperature, where odd byte runs are common."""
-    from streamlab import load_model
+    from streamlab.model.loading import load_model
     from streamlab.model.generation import Generation
     from streamlab.net.aio import run_sync
 

@@ -1,4 +1,4 @@
-"""Each route's fields declared once (streamlab.server.fields): unknown ones refused, the APIs' own ignored aloud.
+"""Each route's fields declared once (streamlab.server.answers.fields): unknown ones refused, the APIs' own ignored aloud.
 
 In process, over the fake model: what a client that makes a typo, or one
 written for OpenAI's or Anthropic's service, gets back.
@@ -13,11 +13,11 @@ import httpx
 import openai
 import pytest
 
-from streamlab.protocol import websocket as ws
-from streamlab.protocol.http_head import HTTPError
-from streamlab.server import anthropic_api, openai_api
+from streamlab.protocol import websocket_frames
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.server.wire import anthropic_api, openai_api
 from streamlab.server.app import ROUTES, Server, not_found
-from streamlab.server.fields import REQUIRED, Field, Schema
+from streamlab.server.answers.fields import REQUIRED, Field, Schema
 from test_server import RawWebSocket
 
 ASK = [{"role": "user", "content": "Say hello."}]
@@ -120,7 +120,7 @@ def test_a_v1_path_we_do_not_have_names_the_ones_we_do(app):
 
 def test_a_websocket_message_with_an_unknown_field_is_refused_then_closed_1008(app):
     with RawWebSocket(app.port) as sock:
-        sock.send(ws.Opcode.TEXT, b'{"prompt": "hi", "keep_opn": true}')
+        sock.send(websocket_frames.Opcode.TEXT, b'{"prompt": "hi", "keep_opn": true}')
         frames = sock.frames_until_close()
     assert "did you mean 'keep_open'?" in json.loads(frames[0].payload)["error"]["message"]
-    assert ws.parse_close_payload(frames[-1].payload)[0] == 1008
+    assert websocket_frames.parse_close_payload(frames[-1].payload)[0] == 1008

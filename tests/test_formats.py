@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from fakes import DEFAULT_SCRIPT
-from streamlab import client
+from streamlab.client import timed as client
 
 model = pytest.mark.model
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 3}

@@ -20,7 +20,8 @@ from streamlab.hops.forwarders import (
     forwarder_for,
 )
 from streamlab.hops.proxy import ProxyConfig
-from streamlab.protocol.http_head import LAST_CHUNK, ChunkedDecoder, Request, RequestHeadParser, Response
+from streamlab.protocol.http_body import LAST_CHUNK, ChunkedDecoder
+from streamlab.protocol.http_head import Request, RequestHeadParser, Response
 from streamlab.protocol.sse import MAX_LINE, encode_comment, encode_event, parse_events
 
 

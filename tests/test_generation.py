@@ -17,16 +17,8 @@ import torch
 from fakes import ASSISTANT_ID, EOS_ID, ByteTokenizer, FakeLM
 from streamlab.net.aio import run_sync
 from streamlab.model.detokenizer import NaiveDetokenizer, broken_pieces, detokenize
-from streamlab.model.generation import (
-    EOS,
-    ERROR,
-    MAX_TOKENS,
-    PREFILL_CHUNK,
-    STOPPED,
-    Generation,
-    encode_prompt,
-    generate_text,
-)
+from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED
+from streamlab.model.generation import PREFILL_CHUNK, Generation, encode_prompt, generate_text
 from streamlab.model.loading import FairLock, LoadedModel
 
 SCRIPT = "Hello 🦜 world"
@@ -390,7 +382,7 @@ def test_context_length_from_config_then_tokenizer():
 
 @pytest.fixture(scope="module")
 def real_lm():
-    from streamlab import load_model
+    from streamlab.model.loading import load_model
 
     return load_model()
 

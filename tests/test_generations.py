@@ -1,4 +1,4 @@
-"""Tests for ``/generations`` (streamlab/server/resumable.py), in process over a fake model.
+"""Tests for ``/generations`` (streamlab/server/resources/resumable.py), in process over a fake model.
 
 A reader that drops and reconnects with ``Last-Event-ID`` resumes where it
 left off, from events the server kept, without generating anything again;
@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import tracing
 from streamlab.protocol import sse
-from streamlab.server import responses as server_module
-from streamlab.server import Server, ServerConfig
+from streamlab.server.transport import responses as server_module
+from streamlab.server.app import Server
+from streamlab.server.config import ServerConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +58,7 @@ def stored_answer(port: int, conversation_id: str) -> dict:
     return client.get_json_sync(port, f"/conversations/{conversation_id}")["messages"][-1]
 
 
-def numbered(trace: client.Trace) -> list[int]:
+def numbered(trace: tracing.Trace) -> list[int]:
     """The ids of the events the reader got (pieces, end, error)."""
     return [int(e.id) for e in trace.events if e.kind in ("text", "end", "error")]
 
@@ -113,7 +115,7 @@ def test_a_forgetting_server_has_no_204_for_a_reader_who_had_it_all(apps):
     forget = apps(**FORGET)
     created = client.create_generation_sync(forget.port, body(max_tokens=6))
     full = client.events_sync(forget.port, created["events"])
-    again = client.events_sync(forget.port, created["events"], last_event_id=client.last_id(full))
+    again = client.events_sync(forget.port, created["events"], last_event_id=tracing.last_id(full))
     assert full.complete and again.status == 200 and again.complete  # an EventSource would go on for ever
     assert numbered(again) == numbered(full) and again.text == full.text
     parser = sse.EventStreamParser()
@@ -127,7 +129,7 @@ def test_forgetting_readers_at_once_each_get_a_run_of_their_own(apps):
     forget = apps(**FORGET)
     created = client.create_generation_sync(forget.port, body(max_tokens=8))
 
-    async def two() -> list[client.Trace]:
+    async def two() -> list[tracing.Trace]:
         path = created["events"]
         return await asyncio.gather(client.events(forget.port, path), client.events(forget.port, path))
 
@@ -166,7 +168,7 @@ def test_after_the_end_a_reconnect_gets_204_and_a_fresh_reader_a_full_replay(kep
     assert full.headers["cache-control"] == "no-cache, no-store, no-transform"
     assert full.headers["x-accel-buffering"] == "no"
     assert numbered(full) == list(range(1, len(numbered(full)) + 1))
-    end_id = client.last_id(full)
+    end_id = tracing.last_id(full)
     assert full.events[-1].kind == "end" and end_id == str(len(numbered(full)))
 
     done = client.events_sync(kept.port, created["events"], last_event_id=end_id)
@@ -205,7 +207,7 @@ def test_pings_in_the_silences_between_numbered_events(apps):
 def test_several_readers_at_once_get_the_same_events(kept):
     created = client.create_generation_sync(kept.port, body(max_tokens=12))
 
-    async def two() -> list[client.Trace]:
+    async def two() -> list[tracing.Trace]:
         path = created["events"]
         return await asyncio.gather(client.events(kept.port, path), client.events(kept.port, path))
 

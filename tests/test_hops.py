@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import wire
 from streamlab.lab import between
 from streamlab.hops.compress import Gzip, accepts_gzip, compressed_sizes, no_transform
 from streamlab.lab.curl import curl_available, curl_stream
@@ -120,7 +121,7 @@ def test_the_recorder_decodes_a_gzip_stream_as_it_comes():
 
 
 def test_the_client_sends_extra_headers():
-    request = client.post_request(8000, "/stream", {}, headers=between.ACCEPT_GZIP)
+    request = wire.post_request(8000, "/stream", {}, headers=between.ACCEPT_GZIP)
     assert b"\r\nAccept-Encoding: gzip\r\n" in request and request.count(b"\r\n\r\n") == 1
 
 

@@ -19,9 +19,10 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab import strangers
-from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
+from streamlab.protocol import websocket_handshake
 
 pytestmark = pytest.mark.timeout(120)
 OK = {"prompt": "Hi", "max_tokens": 4, "chat": False}
@@ -158,22 +159,22 @@ def test_admission_limit_refuses_generations_beyond_it():
 def test_websocket_idle_session_is_closed_1001():
     with serving(FakeLM(), ws_idle_timeout=0.4) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(ws.client_handshake(f"127.0.0.1:{server.port}", "/ws", ws.new_key()))
+            sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{server.port}", "/ws", websocket_handshake.new_key()))
             data = read_all(sock)
         head, _, rest = data.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 101")
-        frames = ws.FrameDecoder(expect_masked=False).feed(rest)
-        assert ws.parse_close_payload(frames[-1].payload)[0] == 1001
+        frames = websocket_frames.FrameDecoder(expect_masked=False).feed(rest)
+        assert websocket_frames.parse_close_payload(frames[-1].payload)[0] == 1001
 
 
 def test_websocket_without_pongs_is_closed_1011_and_a_ponging_one_is_pinged():
     with serving(FakeLM(), ws_ping_interval=0.2, ws_ping_timeout=0.2, ws_idle_timeout=30) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(ws.client_handshake(f"127.0.0.1:{server.port}", "/ws", ws.new_key()))
+            sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{server.port}", "/ws", websocket_handshake.new_key()))
             data = read_all(sock)  # we never answer the ping
-        frames = ws.FrameDecoder(expect_masked=False).feed(data.partition(b"\r\n\r\n")[2])
-        assert frames[0].opcode == ws.Opcode.PING
-        assert ws.parse_close_payload(frames[-1].payload) == (1011, "keepalive ping timeout")
+        frames = websocket_frames.FrameDecoder(expect_masked=False).feed(data.partition(b"\r\n\r\n")[2])
+        assert frames[0].opcode == websocket_frames.Opcode.PING
+        assert websocket_frames.parse_close_payload(frames[-1].payload) == (1011, "keepalive ping timeout")
 
         from websockets.sync.client import connect
 
@@ -187,11 +188,11 @@ def test_websocket_without_pongs_is_closed_1011_and_a_ponging_one_is_pinged():
 def test_a_partial_frame_does_not_hold_the_session_open():
     with serving(FakeLM(), ws_idle_timeout=0.4) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(ws.client_handshake(f"127.0.0.1:{server.port}", "/ws", ws.new_key()))
-            sock.sendall(ws.encode_frame(ws.Opcode.TEXT, b'{"prompt": "Hi"}', mask=True)[:5])
+            sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{server.port}", "/ws", websocket_handshake.new_key()))
+            sock.sendall(websocket_frames.encode_frame(websocket_frames.Opcode.TEXT, b'{"prompt": "Hi"}', mask=True)[:5])
             data = read_all(sock)
-        frames = ws.FrameDecoder(expect_masked=False).feed(data.partition(b"\r\n\r\n")[2])
-        assert ws.parse_close_payload(frames[-1].payload)[0] == 1001
+        frames = websocket_frames.FrameDecoder(expect_masked=False).feed(data.partition(b"\r\n\r\n")[2])
+        assert websocket_frames.parse_close_payload(frames[-1].payload)[0] == 1001
 
 
 def test_httpx_pooled_client_reads_events_to_the_end_and_reuses_the_client():

@@ -9,18 +9,13 @@ import json
 
 import pytest
 
+from streamlab.protocol.http_body import LAST_CHUNK, BodyReader, ChunkedDecoder, IncompleteBody, encode_chunk
 from streamlab.protocol.http_head import (
-    LAST_CHUNK,
     MAX_CONTENT_LENGTH,
-    BodyReader,
-    ChunkedDecoder,
-    HTTPError,
-    IncompleteBody,
     Request,
     RequestHeadParser,
     Response,
     ResponseHeadParser,
-    encode_chunk,
     error_response,
     json_response,
     parse_request_head,
@@ -28,6 +23,7 @@ from streamlab.protocol.http_head import (
     reason_phrase,
     response_head,
 )
+from streamlab.protocol.http_fields import HTTPError
 
 SIMPLE_GET = b"GET /stream?prompt=hi HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept: */*\r\n\r\n"
 

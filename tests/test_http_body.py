@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import (
-    HTTPError,
     Request,
     RequestHeadParser,
     ResponseHeadParser,

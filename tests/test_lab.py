@@ -78,7 +78,8 @@ def test_help_names_the_folder_root_and_the_debug_switch(capsys):
 
 
 def test_make_lab_runs_the_launcher_on_the_chapters():
-    dry = subprocess.run(["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True, check=True)
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab"], cwd=REPO, capture_output=True, text=True,
+                         check=True)
     assert "-m streamlab lab notebooks/" in dry.stdout.splitlines()[-1]
 
 

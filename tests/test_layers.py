@@ -75,6 +75,36 @@ def layer_of(name: str) -> int | None:
     return None
 
 
+# Inside server/, its wings along a request's path, top to bottom: a module imports its own wing and those below.
+SERVER_WINGS: list[tuple[str, ...]] = [
+    ("app", "command", "api_docs", "queues"),
+    ("resources",),
+    ("wire",),
+    ("answers",),
+    ("transport",),
+    ("store",),
+    ("config",),
+]
+
+
+def wing_of(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[:2] != ["streamlab", "server"] or len(parts) < 3:
+        return None
+    return next((rank for rank, wings in enumerate(SERVER_WINGS) if parts[2] in wings), None)
+
+
+def test_every_server_module_is_in_a_wing() -> None:
+    homeless = [name for name in MODULES if name.startswith("streamlab.server.") and wing_of(name) is None]
+    assert not homeless, f"server modules outside every wing: {homeless}"
+
+
+def test_server_wings_import_down_a_request_s_path() -> None:
+    wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := wing_of(name)) is not None
+             for target in sorted(targets) if (other := wing_of(target)) is not None and other < rank]
+    assert not wrong, "imports up the server's wings:\n" + "\n".join(wrong)
+
+
 def test_every_module_is_in_a_layer() -> None:
     homeless = [name for name in MODULES if name not in TOP and layer_of(name) is None]
     assert not homeless, f"modules outside every layer (add them to a package): {homeless}"
@@ -155,3 +185,58 @@ def test_no_module_is_over_600_lines(name: str) -> None:
 def test_no_module_is_named_like_the_standard_library() -> None:
     clashes = [name for name in MODULES if name.rpartition(".")[2] in sys.stdlib_module_names]
     assert not clashes, clashes
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module defines itself at its top level (def, class, assignment), in any if/try there too."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+DEFINED = {name: _defined(path) for name, path in MODULES.items()}
+ROOT = PACKAGE.parent
+
+
+def _sources() -> dict[str, str]:
+    """Every Python text that imports from streamlab: the library, tests, benchmarks, the notebooks' code cells."""
+    import json
+
+    texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+             for folder in ("streamlab", "tests", "benchmarks") for p in sorted((ROOT / folder).rglob("*.py"))}
+    for notebook in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        texts[str(notebook.relative_to(ROOT))] = "\n".join(line for line in code.splitlines()
+                                                           if not line.lstrip().startswith(("%", "!")))
+    return texts
+
+
+def test_every_name_is_imported_from_where_it_is_defined() -> None:
+    """No module re-exports another's names: ``from streamlab.X import name`` finds ``name`` defined in X."""
+    wrong = []
+    for where, text in _sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("streamlab") or node.level:
+                continue
+            if node.module not in MODULES:
+                continue
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES or alias.name in DEFINED[node.module]:
+                    continue
+                wrong.append(f"{where}: from {node.module} import {alias.name}")
+    assert not wrong, "names imported through a module that does not define them:\n" + "\n".join(sorted(wrong))

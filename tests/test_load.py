@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from streamlab.book import bench
-from streamlab.book.bench import parse_line
-from streamlab.lab.load import READING_THRESHOLD, figures
+from streamlab.lab.measures import parse_line
+from streamlab.client.metrics import READING_THRESHOLD
+from streamlab.lab.load import figures
 from streamlab.client.tracing import Trace, TraceEvent
 
 

@@ -17,16 +17,17 @@ import time
 import pytest
 
 from inprocess import serving
-from streamlab import client
-from streamlab.book.bench import SCRIPTS, parse_line
+from streamlab.client import timed as client
+from streamlab.book.bench import SCRIPTS
+from streamlab.lab.measures import parse_line
 from streamlab.lab import runner
 from streamlab.lab.many_streams import StreamReading, default_loop, percentile, server_command, summarize
 from streamlab.net.errors import UserError
 from streamlab.server.command import loop_factory, run_on_loop
-from streamlab.server.events import Event
-from streamlab.server.formats import StreamlabFormat, TextPiece
-from streamlab.server.sources import source_for
-from streamlab.server.scripted import ScriptedEngine, ScriptedGeneration, script_text
+from streamlab.server.transport.events import Event
+from streamlab.server.wire.formats import StreamlabFormat, TextPiece
+from streamlab.server.answers.sources import source_for
+from streamlab.server.answers.scripted import ScriptedEngine, ScriptedGeneration, script_text
 from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.protocol.http_head import BodyReader, IncompleteBody, RequestHeadParser, Response, ResponseHeadParser, response_head
+from streamlab.protocol.http_body import BodyReader, IncompleteBody
+from streamlab.protocol.http_head import RequestHeadParser, Response, ResponseHeadParser, response_head
 from streamlab.hops.nginx import NginxError, NginxUnavailable, find_nginx, run_nginx, write_config
 from streamlab.protocol.sse import EventStreamParser, encode_comment, encode_done, encode_event
 

@@ -157,7 +157,7 @@ def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
 
 def test_03_and_04_read_chapter_2s_run_back(tmp_path, app):
     """Run in one book, chapters 3 and 4 generate nothing: they read the run chapter 2 recorded."""
-    from streamlab.book.chapter import load_prompts, runs_folder
+    from streamlab.lab.records import load_prompts, runs_folder
     from streamlab.lab.experiments import three_ways_run
 
     sizes = {"n_prompts": 1, "max_tokens": 20}
@@ -230,7 +230,7 @@ def test_03_bytes_on_the_wire(book_of_3_and_4):
 def test_04_the_reader(book_of_3_and_4):
     f = run_chapter("04_the_reader", book_of_3_and_4[0])
     assert f["source"].startswith("recorded by chapter 3"), "read back, not generated a second time"
-    from streamlab.book.plots import READING_THRESHOLD
+    from streamlab.client.metrics import READING_THRESHOLD
 
     assert 1.0 < f["tokens_per_word"] < 2.0 and f["wpm"] == 300.0
     assert f["reading_tps"] == pytest.approx(300 / 60 * f["tokens_per_word"])

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import client
-from streamlab.server.store import Store
+from streamlab.client import timed as client
+from streamlab.server.store.database import Store
 
 pytestmark = pytest.mark.timeout(120)
 model = pytest.mark.model

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from streamlab.net.errors import UserError
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab.between import Bill
 from streamlab.hops.function_platform import Billing, busy_time, parse_args, platform_command
 from streamlab.hops.exchange import COMPLETE

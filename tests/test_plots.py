@@ -28,6 +28,8 @@ import pytest  # noqa: E402
 
 from streamlab.book import figures
 from streamlab.book import plots  # noqa: E402
+from streamlab.book import style
+from streamlab.client import metrics
 from streamlab.lab.strangers import Stall  # noqa: E402
 
 DATA = json.loads((Path(__file__).parent / "data" / "recorded_figures.json").read_text(encoding="utf-8"))
@@ -189,7 +191,7 @@ def overlaps(fig: Any) -> list[str]:
 @pytest.mark.parametrize("name", list(CHARTS))
 def test_a_chart_can_be_read_at_the_notebooks_width(name):
     fig = drawn(CHARTS[name])
-    assert fig.get_figwidth() <= plots.NOTEBOOK_WIDTH + 1e-9, "wider than the notebook: shown shrunk, text and all"
+    assert fig.get_figwidth() <= style.NOTEBOOK_WIDTH + 1e-9, "wider than the notebook: shown shrunk, text and all"
     assert overlaps(fig) == []
     assert outside(fig) == []
     for ax in fig.axes:
@@ -214,7 +216,7 @@ def test_gap_charts_draw_the_threshold_and_the_share_above_it(name):
 def test_the_share_above_the_threshold_is_the_one_measured():
     values = [0.1] * 7 + [0.3] * 3
     ax = plots.gap_ecdf({"/stream": values})
-    assert plots.share_above(values, plots.READING_THRESHOLD) == 0.3
+    assert plots.share_above(values, metrics.READING_THRESHOLD) == 0.3
     assert any(t.get_text() == "/stream: 30% above, longest 0.30 s" for t in ax.get_legend().get_texts())
     plt.close("all")
 
@@ -228,11 +230,11 @@ def test_a_burst_is_drawn_at_1_ms_and_said_so_while_sub_millisecond_delays_keep_
 
 
 def test_a_thing_has_one_colour_in_every_chapter():
-    assert plots.color_of("/stream (SSE)") == plots.color_of("/stream") == plots.color_of("wait, streaming (s)")
-    assert plots.color_of("wait, no streaming (s)") == plots.color_of("/complete")
-    assert plots.color_of("--naive") == plots.color_of("relay --naive") != plots.color_of("watching")
-    assert plots.color_of("naive broken") != plots.color_of("incremental broken")
-    assert plots.color_of("stand-in proxy, 8 KiB blocks") != plots.color_of("stand-in proxy, --honor")
+    assert style.color_of("/stream (SSE)") == style.color_of("/stream") == style.color_of("wait, streaming (s)")
+    assert style.color_of("wait, no streaming (s)") == style.color_of("/complete")
+    assert style.color_of("--naive") == style.color_of("relay --naive") != style.color_of("watching")
+    assert style.color_of("naive broken") != style.color_of("incremental broken")
+    assert style.color_of("stand-in proxy, 8 KiB blocks") != style.color_of("stand-in proxy, --honor")
 
 
 def test_every_chart_function_is_tested():

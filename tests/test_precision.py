@@ -305,12 +305,13 @@ def test_a_loaded_split_model_routes_one_token_passes_to_its_decode_copy(lm, run
 @pytest.mark.model
 def test_the_benchmark_prints_lines_that_parse(tmp_path):
     from streamlab.book import bench
+    from streamlab.lab import measures
 
     script = bench.SCRIPTS / "decode_formats.py"
     done = subprocess.run([sys.executable, str(script), "--tiny"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "STREAMLAB_BENCH_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
-    printed = [bench.parse_line(line) for line in done.stdout.splitlines() if line.startswith("decode_formats: ")]
+    printed = [measures.parse_line(line) for line in done.stdout.splitlines() if line.startswith("decode_formats: ")]
     figures = [p for p in printed if p]
     saved = json.loads((tmp_path / "decode_formats.json").read_text())
     assert figures and len(figures) == len(saved["measures"])

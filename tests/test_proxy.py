@@ -24,15 +24,12 @@ from pathlib import Path
 import pytest
 
 from streamlab.net.errors import UserError
+from streamlab.protocol.http_body import LAST_CHUNK, BodyReader, IncompleteBody, encode_chunk
 from streamlab.protocol.http_head import (
-    LAST_CHUNK,
-    BodyReader,
-    IncompleteBody,
     Request,
     RequestHeadParser,
     Response,
     ResponseHeadParser,
-    encode_chunk,
     parse_request_head,
     parse_response_head,
     response_head,

@@ -21,7 +21,8 @@ import pytest
 from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import on_loop, serving
 
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import timed_websocket
 from streamlab.net.aio import run_sync
 
 pytestmark = pytest.mark.timeout(120)
@@ -173,7 +174,7 @@ def test_past_the_line_503_with_retry_after_in_each_apis_shape_and_websocket_101
             chat = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
             theirs = await client.post(port, "/v1/chat/completions", chat)
             anthropics = await client.post(port, "/v1/messages", chat)
-            socket = await client.websocket(port, "Hi", 3)
+            socket = await timed_websocket.websocket(port, "Hi", 3)
             complete = await client.post(port, "/complete", SHORT)
             generations = await client.fetch(port, "POST", "/generations", body=SHORT)
             for holder in holders:
@@ -292,7 +293,7 @@ def test_websocket_reader_is_told_its_place_and_pinged():
     with serving(FakeLM(decode_seconds=0.01), max_active=1, ping_interval=0.05) as server:
 
         async def main() -> list:
-            socket = lambda: client.websocket(server.port, "Hi", 12, chat=False, ignore_eos=True)  # noqa: E731
+            socket = lambda: timed_websocket.websocket(server.port, "Hi", 12, chat=False, ignore_eos=True)  # noqa: E731
             return [await f for f in await in_order(server, [stream(server.port, long(30)), socket])]
 
         _, trace = run_sync(main())
@@ -399,7 +400,7 @@ def test_the_refuse_policy_still_answers_503_at_once_at_max_active():
             asked = time.perf_counter()
             refused = await client.post(server.port, "/stream", SHORT)
             took = time.perf_counter() - asked
-            socket = await client.websocket(server.port, "Hi", 3)
+            socket = await timed_websocket.websocket(server.port, "Hi", 3)
             return await holder, refused, took, socket
 
         holder, refused, took, socket = run_sync(main())
@@ -433,7 +434,7 @@ def test_shutdown_tells_a_waiting_reader_its_turn_never_came():
 
 @model
 def test_the_batched_engine_queues_too():
-    from streamlab import load_model
+    from streamlab.model.loading import load_model
 
     lm = load_model()
     with serving(lm, engine="batched", max_active=2) as server:
@@ -471,11 +472,12 @@ def test_a_client_behind_a_queue_gets_bytes_before_its_idle_timeout():
 @pytest.mark.browser
 def test_the_page_shows_its_place_in_line_until_the_first_piece():
     from streamlab.lab import browser
+    from streamlab.lab import headless
 
-    why_not = browser.unavailable_reason()
+    why_not = headless.unavailable_reason()
     if why_not is not None:
         pytest.skip(f"no headless browser: {why_not}")
-    with serving(FakeLM(decode_seconds=0.01), max_active=1) as server, browser.chromium() as driver:
+    with serving(FakeLM(decode_seconds=0.01), max_active=1) as server, headless.chromium() as driver:
         port = server.port
 
         async def main() -> tuple:
@@ -484,10 +486,10 @@ def test_the_page_shows_its_place_in_line_until_the_first_piece():
             def page() -> tuple:
                 driver.get(server.url + "/")
                 browser.send_prompt(driver, "Hi", 5)
-                browser.wait_for(lambda: driver.execute_script("return document.body.dataset.ahead"), 10, "a place")
+                headless.wait_for(lambda: driver.execute_script("return document.body.dataset.ahead"), 10, "a place")
                 waiting = driver.execute_script("return [document.getElementById('status').textContent,"
                                                 " document.body.dataset.ahead, window.streamlab.ahead]")
-                browser.wait_for(lambda: browser.page_state(driver) == "done", 20, "the answer")
+                headless.wait_for(lambda: browser.page_state(driver) == "done", 20, "the answer")
                 done = driver.execute_script("return [document.getElementById('status').textContent,"
                                              " document.body.dataset.ahead === undefined, window.streamlab.ahead]")
                 return waiting, done, browser.pieces_received(driver)

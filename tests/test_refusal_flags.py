@@ -18,7 +18,7 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.hops import settings as hop_settings
 from streamlab.net.aio import run_sync
 from streamlab.net.settings import Setting, Settings, flag_of

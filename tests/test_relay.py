@@ -14,9 +14,9 @@ import pytest
 
 from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import serving
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab import ecosystem, runner
-from streamlab.server.sources import UpstreamSource
+from streamlab.server.answers.sources import UpstreamSource
 
 LONG = 60  # tokens asked for with ignore_eos: the script repeats
 

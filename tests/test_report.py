@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from streamlab.lab import browser
+from streamlab.lab import headless
 from streamlab.book import figures
 from streamlab.book import plots
 from streamlab.book import report  # noqa: E402
@@ -98,7 +98,7 @@ def test_the_original_figures_stand_beside_ours(run):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(browser.unavailable_reason() is not None, reason=f"no headless browser: {browser.unavailable_reason()}")
+@pytest.mark.skipif(headless.unavailable_reason() is not None, reason=f"no headless browser: {headless.unavailable_reason()}")
 def test_the_report_opens_from_disk_and_every_image_loads(run):
     shot = run.parent / "report.png"
     seen = report.screenshot(run / "report.html", shot)

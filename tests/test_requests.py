@@ -1,4 +1,4 @@
-"""Tests for streamlab.server.requests: a generation request parsed and validated, with no I/O."""
+"""Tests for streamlab.server.answers.requests: a generation request parsed and validated, with no I/O."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.protocol.http_head import HTTPError
-from streamlab.server.requests import STREAM, WS_MESSAGE, check_context, json_depth, load_json, parse_generation_request
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.server.answers.requests import STREAM, WS_MESSAGE, check_context, json_depth, load_json, parse_generation_request
 
 
 def test_request_defaults():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab import runner
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,7 +140,7 @@ def test_serve_in_process_keeps_the_start_up_line_out_of_the_caller_s_stderr(cap
 
 def test_a_server_not_started_is_not_listening():
     from fakes import FakeLM
-    from streamlab.server import Server
+    from streamlab.server.app import Server
 
     server = Server(FakeLM())
     assert not server.listening and server.loop is None and server.port == 0

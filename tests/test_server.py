@@ -16,11 +16,13 @@ import time
 
 import h11
 import pytest
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.protocol import sse
-from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
+from streamlab.protocol import websocket_handshake
 from streamlab.protocol.http_head import parse_response_head
-from streamlab.server import ClientConnection, ClientGone
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.net.serving import ClientGone
 from streamlab.server.config import ADMISSION, MAX_ACTIVE, MAX_WAITING
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +81,7 @@ class RawWebSocket:
 
     def __init__(self, port: int, origin: str | None = None, key: str = "dGhlIHNhbXBsZSBub25jZQ==") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
-        self.sock.sendall(ws.client_handshake(f"127.0.0.1:{port}", "/ws", key, origin=origin))
+        self.sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{port}", "/ws", key, origin=origin))
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = self.sock.recv(65536)
@@ -88,14 +90,14 @@ class RawWebSocket:
             data += chunk
         head, _, self.rest = data.partition(b"\r\n\r\n")
         self.response = parse_response_head(head + b"\r\n\r\n")
-        self.decoder = ws.FrameDecoder(expect_masked=False)
+        self.decoder = websocket_frames.FrameDecoder(expect_masked=False)
 
     def send(self, opcode: int, payload: bytes, *, mask: bool = True, fin: bool = True) -> None:
-        self.sock.sendall(ws.encode_frame(opcode, payload, mask=mask, fin=fin))
+        self.sock.sendall(websocket_frames.encode_frame(opcode, payload, mask=mask, fin=fin))
 
-    def frames_until_close(self) -> list[ws.Frame]:
+    def frames_until_close(self) -> list[websocket_frames.Frame]:
         frames = self.decoder.feed(self.rest)
-        while not any(f.opcode == ws.Opcode.CLOSE for f in frames):
+        while not any(f.opcode == websocket_frames.Opcode.CLOSE for f in frames):
             chunk = self.sock.recv(65536)
             if not chunk:
                 break
@@ -104,9 +106,9 @@ class RawWebSocket:
 
     def close_code(self) -> int:
         frames = self.frames_until_close()
-        close = [f for f in frames if f.opcode == ws.Opcode.CLOSE]
+        close = [f for f in frames if f.opcode == websocket_frames.Opcode.CLOSE]
         assert close, frames
-        return ws.parse_close_payload(close[0].payload)[0]
+        return websocket_frames.parse_close_payload(close[0].payload)[0]
 
     def __enter__(self) -> "RawWebSocket":
         return self
@@ -423,7 +425,7 @@ def test_websocket_handshake_with_the_rfc_key(app):
     with RawWebSocket(app.port) as sock:
         assert sock.response.status == 101
         assert sock.response.header("sec-websocket-accept") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
-        sock.send(ws.Opcode.CLOSE, ws.encode_close_payload(1000))
+        sock.send(websocket_frames.Opcode.CLOSE, websocket_frames.encode_close_payload(1000))
         assert sock.close_code() == 1000
 
 
@@ -441,31 +443,31 @@ def test_websocket_bad_handshake_is_refused_with_json(app):
 
 def test_websocket_unmasked_frame_closes_1002(app):
     with RawWebSocket(app.port) as sock:
-        sock.send(ws.Opcode.TEXT, b'{"prompt": "hi"}', mask=False)
+        sock.send(websocket_frames.Opcode.TEXT, b'{"prompt": "hi"}', mask=False)
         assert sock.close_code() == 1002
 
 
 def test_websocket_invalid_utf8_closes_1007(app):
     with RawWebSocket(app.port) as sock:
-        sock.send(ws.Opcode.TEXT, b'{"prompt": "\xff"}')
+        sock.send(websocket_frames.Opcode.TEXT, b'{"prompt": "\xff"}')
         assert sock.close_code() == 1007
 
 
 def test_websocket_message_over_1mib_closes_1009(app):
     with RawWebSocket(app.port) as sock:
         part = b"x" * (600 * 1024)
-        sock.send(ws.Opcode.TEXT, part, fin=False)
-        sock.send(ws.Opcode.CONTINUATION, part)
+        sock.send(websocket_frames.Opcode.TEXT, part, fin=False)
+        sock.send(websocket_frames.Opcode.CONTINUATION, part)
         assert sock.close_code() == 1009
 
 
 def test_websocket_bad_request_sends_error_then_closes_1008(app):
     with RawWebSocket(app.port) as sock:
-        sock.send(ws.Opcode.TEXT, b'{"max_tokens": 5}')
+        sock.send(websocket_frames.Opcode.TEXT, b'{"max_tokens": 5}')
         frames = sock.frames_until_close()
     error = json.loads(frames[0].payload)["error"]
     assert error["status"] == 400 and "prompt" in error["message"]
-    assert ws.parse_close_payload(frames[-1].payload)[0] == 1008
+    assert websocket_frames.parse_close_payload(frames[-1].payload)[0] == 1008
 
 
 # --------------------------------------------------------------------------

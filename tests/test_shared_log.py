@@ -22,9 +22,10 @@ from inprocess import generation_done, serving  # noqa: E402
 
 from streamlab import cli  # noqa: E402
 from streamlab.client import timed  # noqa: E402
+from streamlab.client import tracing  # noqa: E402
 from streamlab.client.tracing import last_id  # noqa: E402
 from streamlab.lab import replicas  # noqa: E402
-from streamlab.server import shared_log, worker  # noqa: E402
+from streamlab.server.resources import shared_log, worker  # noqa: E402
 
 URL = "redis://fake"
 SCRIPT = "One answer, many servers: every piece in one shared log. " * 4
@@ -46,11 +47,11 @@ def run(coroutine: object) -> object:
     return asyncio.run(coroutine)  # type: ignore[arg-type]
 
 
-def text_of(*traces: timed.Trace) -> str:
+def text_of(*traces: tracing.Trace) -> str:
     return "".join(e.text for trace in traces for e in trace.text_events)
 
 
-def ending(trace: timed.Trace) -> dict:
+def ending(trace: tracing.Trace) -> dict:
     return next(e.data for e in trace.events if e.kind == "end")
 
 
@@ -74,7 +75,7 @@ def test_a_cancel_sent_to_one_replica_stops_the_worker_within_two_tokens(fake_re
     with serving(events=URL) as a, serving(events=URL) as b, replicas.worker_in_process(lm, URL) as w:
         created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 200, "ignore_eos": True}))
 
-        async def read_and_cancel() -> timed.Trace:
+        async def read_and_cancel() -> tracing.Trace:
             reading = asyncio.ensure_future(timed.events(a.port, created["events"]))
             while run_tokens(await timed.get_json(b.port, f"/generations/{created['id']}")) < 10:
                 await asyncio.sleep(0.02)
@@ -180,7 +181,7 @@ def test_worker_help_names_its_flags(capsys: pytest.CaptureFixture) -> None:
 def test_the_kill_chart_can_be_read_at_the_notebooks_width() -> None:
     from test_plots import drawn, outside, overlaps
 
-    from streamlab.book import plots
+    from streamlab.book import style
     from streamlab.book.replica_plots import received_through_a_kill
 
     resumed = [(0.1 * i, i, 0) for i in range(1, 13)] + [(2.4 + 0.05 * i, 12 + i, 1) for i in range(1, 29)]
@@ -189,7 +190,7 @@ def test_the_kill_chart_can_be_read_at_the_notebooks_width() -> None:
                                                 killed_at={"shared log": 1.25, "in memory": 0.37}, answer_events=40,
                                                 notes={"in memory": "then 404: the rest lost"}))
     ax = fig.axes[0]
-    assert fig.get_figwidth() <= plots.NOTEBOOK_WIDTH + 1e-9 and overlaps(fig) == [] and outside(fig) == []
+    assert fig.get_figwidth() <= style.NOTEBOOK_WIDTH + 1e-9 and overlaps(fig) == [] and outside(fig) == []
     notes = [t.get_text() for t in ax.texts]
     assert "reconnected: +1.20 s" in notes and "then 404: the rest lost" in notes
     assert len(ax.get_lines()) >= 4 and ax.get_xlabel() and ax.get_ylabel()  # two readers, two kills, the answer

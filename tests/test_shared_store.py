@@ -21,25 +21,23 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab import runner
-from streamlab.server import store as store_module
-from streamlab.server.store import (
-    COMPLETED,
+from streamlab.server.store import database as store_module
+from streamlab.protocol.endings import COMPLETED, INTERRUPTED, MAX_TOKENS
+from streamlab.server.store.schema import (
     DONE,
-    INTERRUPTED,
-    MAX_TOKENS,
     MIGRATIONS,
     SCHEMA_VERSION,
     STALE_AFTER_MIN_S,
     STALE_FLUSHES,
     STREAMING,
-    AnswerWriter,
     Lease,
     Owner,
-    Store,
 )
-from streamlab.server.store_schema import process_exists, stale_after
+from streamlab.server.store.answers import AnswerWriter
+from streamlab.server.store.database import Store
+from streamlab.server.store.schema import process_exists, stale_after
 
 REPO = Path(__file__).resolve().parent.parent
 ME = Owner.this_process()
@@ -141,7 +139,7 @@ def test_the_bound_is_a_few_flushes_and_never_under_ten_seconds(db: Path):
 
 def test_each_process_has_its_own_identity_and_this_one_keeps_its_own():
     assert Owner.this_process() is ME and ME.pid == os.getpid() and len(ME.boot) == 32
-    code = "from streamlab.server.store import Owner; o = Owner.this_process(); print(o.host); print(o.pid, o.boot)"
+    code = "from streamlab.server.store.database import Owner; o = Owner.this_process(); print(o.host); print(o.pid, o.boot)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO))).stdout.splitlines()
     host, (pid, boot) = out[0], out[1].split()

@@ -6,6 +6,7 @@ import pytest
 
 from streamlab.hops.nginx import find_nginx
 from streamlab.lab import sse_or_websocket as sw
+from streamlab.net import aio
 
 BODY = {"prompt": "hi", "max_tokens": 40, "chat": False, "ignore_eos": True, "seed": 0}
 
@@ -38,7 +39,7 @@ def test_after_a_drop_the_event_stream_resumes_and_the_websocket_starts_over(app
 
 
 def test_websocket_reconnect_gives_up_after_its_retries(app):
-    traces = sw.run_sync(sw.websocket_reconnect(app.port, "hi", 10, drop_after=2, retries=0, chat=False,
+    traces = aio.run_sync(sw.websocket_reconnect(app.port, "hi", 10, drop_after=2, retries=0, chat=False,
                                                 ignore_eos=True))
     assert len(traces) == 1 and not traces[0].complete
 

@@ -1,4 +1,4 @@
-"""Tests for streamlab.server.store: partial answers survive, and say why they stopped.
+"""Tests for streamlab.server.store.database: partial answers survive, and say why they stopped.
 
 Whatever the store promises is checked from *outside* it where that matters:
 a second SQLite connection (or a fresh process) sees what is committed, not
@@ -22,27 +22,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.server.store import (
+from streamlab.protocol.endings import (
     CLIENT_LEFT,
     COMPLETED,
+    ERROR,
+    INTERRUPTED,
+    MAX_TOKENS,
+    STOP_REASONS,
+    STOPPED,
+    stop_reason_for,
+)
+from streamlab.server.store.schema import (
     CUT_OFF_MARKER,
     CUT_OFF_WORDS,
     DONE,
-    ERROR,
-    INTERRUPTED,
     LEASE_COLUMNS,
-    MAX_TOKENS,
     SCHEMA_VERSION,
-    STOP_REASONS,
-    STOPPED,
     STREAMING,
     Conversation,
     Message,
     Owner,
-    Store,
     default_path,
-    stop_reason_for,
 )
+from streamlab.server.store.database import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -408,7 +410,7 @@ def test_recover_interrupted_closes_only_streaming_answers(db: Path):
 
 CRASHING_SERVER = """
 import sys, time
-from streamlab.server.store import Store
+from streamlab.server.store.database import Store
 
 store = Store(sys.argv[1], flush_interval=0.2)
 cid = store.new_conversation("crash")
@@ -530,7 +532,7 @@ def test_answers_streaming_on_a_loop_cost_one_commit_per_tick_and_keep_the_bound
 
 CRASHING_LOOP = """
 import asyncio, sys, time
-from streamlab.server.store import Store
+from streamlab.server.store.database import Store
 
 async def main():
     store = Store(sys.argv[1], flush_interval=0.2)

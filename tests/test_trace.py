@@ -51,12 +51,15 @@ def test_recording_bytes_and_finishing():
     assert (trace.end, trace.stop_reason, trace.tokens, trace.request_id) == (0.5, "eos", 2, "7")
 
 
-def test_last_id():
+def test_last_id_is_the_stream_s_last_event_id_string():
     trace = Trace(way="events")
     assert last_id(trace) is None
-    trace.events = [TraceEvent(0.1, "text", "a", id="1"), TraceEvent(0.2, "text", "b", id="2")]
-    trace.events.append(TraceEvent(0.3, "ping"))
-    assert last_id(trace) == "2"
+    recorder = ResponseRecorder(trace, "GET")
+    recorder.feed(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", 0.0)
+    recorder.feed(b'id: 1\ndata: {"text": "a"}\n\nid: 2\ndata: {"text": "b"}\n\n: ping\n\nid: 3\ndata: {"te', 0.1)
+    recorder.eof()
+    assert [e.id for e in trace.events if e.kind == "text"] == ["1", "2"]
+    assert last_id(trace) == "2"  # the block with id 3 never ended: a browser would resume after 2
 
 
 # --------------------------------------------------------------------------

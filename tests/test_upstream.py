@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from streamlab.model.generation import Piece
-from streamlab.protocol.http_head import LAST_CHUNK, encode_chunk, parse_request_head, response_head
-from streamlab.server.upstream import UpstreamGeneration, chat_completions_url
+from streamlab.model.lifecycle import Piece
+from streamlab.protocol.http_body import LAST_CHUNK, encode_chunk
+from streamlab.protocol.http_head import parse_request_head, response_head
+from streamlab.server.answers.upstream import UpstreamGeneration, chat_completions_url
 from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED
 
 STOP_SEQUENCE = "stop_sequence"

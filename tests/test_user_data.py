@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.lab import runner
-from streamlab.server.store import Store
+from streamlab.server.store.database import Store
 
 SCRIPTED = ("--scripted-rate", "500")  # no model: a server up in a second or two
 pytestmark = pytest.mark.timeout(180)

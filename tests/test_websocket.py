@@ -8,30 +8,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlab.protocol.websocket import (
+from streamlab.protocol.websocket_handshake import (
     GUID,
-    BinaryMessage,
-    CloseCode,
-    CloseReceived,
-    Connection,
-    Frame,
-    FrameDecoder,
     HandshakeError,
-    Opcode,
-    Ping,
-    Pong,
-    ProtocolError,
-    TextMessage,
     accept_key,
-    apply_mask,
     check_server_response,
     client_handshake,
-    encode_close_payload,
-    encode_frame,
     new_key,
-    parse_close_payload,
     server_handshake_response,
     validate_upgrade_request,
+)
+from streamlab.protocol.websocket import BinaryMessage, CloseReceived, Connection, Ping, Pong, TextMessage
+from streamlab.protocol.websocket_frames import (
+    CloseCode,
+    Frame,
+    FrameDecoder,
+    Opcode,
+    ProtocolError,
+    apply_mask,
+    encode_close_payload,
+    encode_frame,
+    parse_close_payload,
 )
 
 RFC_KEY = "dGhlIHNhbXBsZSBub25jZQ=="

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_handshake
 from streamlab.protocol.anatomy import frame_layout, split_chunks, visible
 from streamlab.protocol.http_body import encode_chunk
 from streamlab.protocol.websocket_frames import encode_frame
@@ -86,7 +86,7 @@ def test_the_websocket_upgrade_and_frames_laid_out(app):
 
     body = {"prompt": "hi", "max_tokens": 3, "chat": False}
     wire = websocket_wire_sync(app.port, body)
-    assert wire.status == 101 and wire.accept_sent == ws.accept_key(wire.key) and wire.accept_matches
+    assert wire.status == 101 and wire.accept_sent == websocket_handshake.accept_key(wire.key) and wire.accept_matches
     assert wire.response_head.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
     mine = wire.client_layout
     assert mine.masked and len(mine.mask_key) == 4 and json.loads(mine.payload) == body

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from streamlab.lab.measures import (  # noqa: F401 - the benchmarks and tests read these from here
-    BENCH_DIR, LINE, Measure, Report, _fmt, format_table, machine, parse_line,
+from streamlab.lab.measures import (
+    BENCH_DIR, Measure, _fmt, format_table,
 )
 
 def load(folder: Path | None = None) -> list[dict[str, Any]]:

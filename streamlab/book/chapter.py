@@ -17,11 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from streamlab.lab.records import (  # noqa: F401 - the chapters read these from here
-    BUILD, DATA, NOTEBOOKS, REPO, RUN_ID, RUNS, Recorded, load_prompts, plain, recorded, runs_folder,
+from streamlab.lab.records import (
+    plain,
 )
-from streamlab.lab.runner import start_platforms, start_proxies, start_servers  # noqa: F401 - started together
-from streamlab.book.figures import save_figures  # noqa: F401 - the chapters' first cell: every figure shown is also saved
 
 def bare_tokenizer(model_name: str | None = None) -> Any:
     """The model's tokenizer for counting tokens, without importing transformers (and torch) when it can.

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamlab.book.chapter import NOTEBOOKS
+from streamlab.lab.records import NOTEBOOKS
 
 __all__ = ["PREREQUISITES", "ChapterInfo", "ExerciseRow", "chapter_info", "exercise_rows", "exercises_by_chapter"]
 

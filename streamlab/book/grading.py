@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from streamlab.book.chapter import BUILD, NOTEBOOKS
+from streamlab.lab.records import BUILD, NOTEBOOKS
 from streamlab.book.notebooks import papermill_run
 
 EXERCISES = NOTEBOOKS / "exercises"
@@ -343,7 +343,7 @@ def scripted_server(rate: float = 100.0, **config: Any) -> Iterator[Any]:
     """``with scripted_server(50) as server:`` the course's real server in this process, over the scripted source.
 
     No model to load: every answer is the scripted text at ``rate`` tokens a
-    second (``streamlab.server.scripted``), and everything else is the real
+    second (``streamlab.server.answers.scripted``), and everything else is the real
     server (routes, guards, formats, ``/generations``, ``/log``), on a free
     port (``server.port``), with a throwaway store, stopped on the way out. So
     an exercise checks the student's code against a real server in a second.
@@ -353,7 +353,7 @@ def scripted_server(rate: float = 100.0, **config: Any) -> Iterator[Any]:
     import io
 
     from streamlab.lab.runner import serve_in_process
-    from streamlab.server.scripted import ScriptedEngine
+    from streamlab.server.answers.scripted import ScriptedEngine
 
     quiet = io.StringIO()
     with contextlib.redirect_stderr(quiet):

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from streamlab.book.chapter import BUILD, NOTEBOOKS, RUN_ID
+from streamlab.lab.records import BUILD, NOTEBOOKS, RUN_ID
 from streamlab.lab.runner import DATA
 from streamlab.net.errors import ArgumentParser, UserError
 

@@ -33,11 +33,31 @@ from typing import Any, Mapping, Sequence
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from streamlab.book.style import (  # the shared style; the public names are re-exported
-    BLUE, COLOR_OF, COLORS, GREEN, GREY, NOTEBOOK_WIDTH, ORANGE, PALETTE, PURPLE, READING_THRESHOLD, SKY, STYLE,
-    THRESHOLD_STYLE, VERMILLION, YELLOW, _axes, _hbars, _legend, _number, _seconds, _threshold_legend_name, color_of,
+from streamlab.book.style import (
+    BLUE,
+    COLOR_OF,
+    COLORS,
+    GREEN,
+    GREY,
+    NOTEBOOK_WIDTH,
+    ORANGE,
+    PALETTE,
+    PURPLE,
+    SKY,
+    STYLE,
+    THRESHOLD_STYLE,
+    VERMILLION,
+    YELLOW,
+    _axes,
+    _hbars,
+    _legend,
+    _number,
+    _seconds,
+    _threshold_legend_name,
+    color_of,
     figure,
 )
+from streamlab.client.metrics import READING_THRESHOLD
 
 __all__ = [
     # the style, re-exported from streamlab.book.style

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from streamlab.book.chapter import BUILD
+from streamlab.lab.records import BUILD
 from streamlab.book.style import EMOJI_FONTS
 from streamlab.net.errors import ArgumentParser, UserError
 
@@ -222,15 +222,15 @@ def screenshot(page: Path, png: Path, *, width: int = 1100, max_height: int = 16
     Returns ``{"images": [naturalWidth of each <img>], "text": the page's text}``;
     raises ``streamlab.lab.browser.BrowserUnavailable`` where there is no Chromium.
     """
-    from streamlab.lab import browser
+    from streamlab.lab import headless
 
-    with browser.chromium(width=width, height=800) as driver:
+    with headless.chromium(width=width, height=800) as driver:
         driver.get(Path(page).resolve().as_uri())
-        browser.wait_for(lambda: driver.execute_script(
+        headless.wait_for(lambda: driver.execute_script(
             "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"),
             30, "the report's images to load")
         height = driver.execute_script("return document.documentElement.scrollHeight")
-        browser._set_viewport(driver, width, min(int(height), max_height))
+        headless._set_viewport(driver, width, min(int(height), max_height))
         png = Path(png)
         png.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(png))
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(args.out)
     print(f"streamlab report: wrote {path}")
     if args.screenshot:
-        from streamlab.lab.browser import BrowserUnavailable
+        from streamlab.lab.headless import BrowserUnavailable
 
         try:
             seen = screenshot(path, args.screenshot)

@@ -7,11 +7,7 @@
     tracing.py          the Trace (what a reader observed, with times) and the recorders that fill it
     metrics.py          first text, gaps, time per token, reading speed
 
-``from streamlab import client`` gives the client's calls (``client.stream_sync(port, prompt)``);
+``from streamlab.client import timed`` gives the client's calls (``timed.stream_sync(port, prompt)``);
 each has a ``*_sync`` twin for scripts and notebooks.
 """
 
-from __future__ import annotations
-
-from streamlab.client.timed import *  # noqa: F403 - the client's calls, as client.stream_sync(...)
-from streamlab.client.timed import __all__  # noqa: F401

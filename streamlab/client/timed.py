@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, TypeVar
 
 from streamlab.net.aio import run_sync
-from streamlab.protocol.http_head import IncompleteBody
+from streamlab.protocol.http_body import IncompleteBody
 from streamlab.client.timed_websocket import websocket
 from streamlab.client.tracing import ResponseRecorder, Trace, TraceEvent, last_id
 from streamlab.client.wire import _close, _connect, _head, _host_header, _recv, post_request, request_body

@@ -18,6 +18,8 @@ from typing import Any
 from streamlab.client.tracing import ResponseRecorder, Trace, record_message
 from streamlab.client.wire import _close, _connect, _host_header, _recv, request_body
 from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
+from streamlab.protocol import websocket_handshake
 
 __all__ = ["websocket"]
 
@@ -55,7 +57,7 @@ class _WebSocketReading:
                 )
                 if not self.conn.close_sent:
                     self.writer.write(
-                        self.conn.send_close(event.code if ws.is_valid_close_code(event.code) else 1000)
+                        self.conn.send_close(event.code if websocket_frames.is_valid_close_code(event.code) else 1000)
                     )
                 self.finished = True
                 return
@@ -88,9 +90,9 @@ async def _handshake(
     read_size: int,
 ) -> bytes | None:
     """Send the upgrade request and read the answer: the frame bytes that came with it, None if refused."""
-    key = ws.new_key()
+    key = websocket_handshake.new_key()
     trace.sent = time.perf_counter()
-    writer.write(ws.client_handshake(_host_header(host, port), path, key, origin=origin))
+    writer.write(websocket_handshake.client_handshake(_host_header(host, port), path, key, origin=origin))
     await writer.drain()
     reading = ResponseRecorder(trace, "GET")
     while trace.status is None:
@@ -101,7 +103,7 @@ async def _handshake(
             raise ConnectionError("connection closed during the WebSocket handshake")
         reading.feed(data, trace.got_bytes(len(data)))
     if trace.status == 101:
-        ws.check_server_response(trace.status, trace.headers, key)
+        websocket_handshake.check_server_response(trace.status, trace.headers, key)
         return reading.head.rest
     while not reading.done:  # a refusal: read its JSON error body
         data = await _recv(reader, read_size, deadline)

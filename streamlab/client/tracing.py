@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlab.protocol import sse
-from streamlab.protocol.http_head import BodyReader, IncompleteBody, Response, ResponseHeadParser
+from streamlab.protocol.http_body import BodyReader, IncompleteBody
+from streamlab.protocol.http_head import Response, ResponseHeadParser
 
 __all__ = ["ResponseRecorder", "Trace", "TraceEvent", "last_id", "record_message"]
 

@@ -26,7 +26,8 @@ from typing import Protocol
 
 from streamlab.hops.compress import Gzip, accepts_gzip, no_transform
 from streamlab.protocol import sse
-from streamlab.protocol.http_head import LAST_CHUNK, BodyReader, Request, Response, encode_chunk
+from streamlab.protocol.http_body import LAST_CHUNK, BodyReader, encode_chunk
+from streamlab.protocol.http_head import Request, Response
 
 __all__ = [
     "DEFAULT_BLOCK",

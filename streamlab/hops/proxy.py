@@ -63,10 +63,9 @@ from streamlab.net.errors import ArgumentParser
 from streamlab.net.serving import ClientGone, serve_until_signalled
 from streamlab.net.settings import Settings, config_values
 from streamlab.protocol.endings import WRITE_FAILED
+from streamlab.protocol.http_body import BodyReader, IncompleteBody
+from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import (
-    BodyReader,
-    HTTPError,
-    IncompleteBody,
     Request,
     RequestHeadParser,
     Response,

@@ -52,7 +52,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from streamlab.client.timed import get_json_sync, post_request, wait_log
+from streamlab.client.timed import get_json_sync, wait_log
+from streamlab.client.wire import post_request
 from streamlab.net.aio import run_sync
 from streamlab.client.tracing import ResponseRecorder, Trace
 

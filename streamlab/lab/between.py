@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Mapping
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.net.aio import run_sync
 from streamlab.hops.function_platform import Billing, busy_time
 from streamlab.client.tracing import Trace

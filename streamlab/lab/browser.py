@@ -45,7 +45,6 @@ from streamlab.lab.cross_site import (
 from streamlab.lab.headless import (
     CHROMIUM_FLAGS,
     BrowserUnavailable,
-    _set_viewport,  # noqa: F401 - streamlab.book.report sizes its pages with it
     chromium,
     find_chromium,
     unavailable_reason,

@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from streamlab.protocol.http_head import BodyReader, HTTPError, RequestHeadParser
+from streamlab.protocol.http_body import BodyReader
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import RequestHeadParser
 from streamlab.server.config import MAX_BODY
 
 __all__ = ["BODY", "CASES", "HTTPCase", "WAYS", "parse", "run"]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_frames
 
 __all__ = ["CASES", "GROUPS", "MAX_MESSAGE", "Outcome", "Script", "WSCase", "check", "frame", "request", "run_echo",
            "strict"]
@@ -66,7 +67,7 @@ def frame(opcode: int, payload: bytes = b"", *, fin: bool = True, rsv: int = 0) 
         head += bytes([0x80 | 126]) + struct.pack("!H", n)
     else:
         head += bytes([0x80 | 127]) + struct.pack("!Q", n)
-    return bytes(head) + KEY + ws.apply_mask(payload, KEY)
+    return bytes(head) + KEY + websocket_frames.apply_mask(payload, KEY)
 
 
 def close(code: int | None = 1000, reason: bytes = b"") -> bytes:
@@ -493,7 +494,7 @@ def run_echo(script: Script, *, max_message: int = MAX_MESSAGE) -> Outcome:
     for index, data in writes(script, parts):
         try:
             events = conn.receive(data)
-        except ws.ProtocolError as err:
+        except websocket_frames.ProtocolError as err:
             out.close, out.failed, out.failed_at = err.code, True, index
             return out
         for event in events:
@@ -505,7 +506,7 @@ def run_echo(script: Script, *, max_message: int = MAX_MESSAGE) -> Outcome:
             elif isinstance(event, ws.BinaryMessage):
                 out.replies.append(reply(BINARY, event.data))
             elif isinstance(event, ws.CloseReceived):
-                out.close = event.code if ws.is_valid_close_code(event.code) else 1000
+                out.close = event.code if websocket_frames.is_valid_close_code(event.code) else 1000
                 return out
     return out
 

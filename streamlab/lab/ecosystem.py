@@ -28,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from streamlab import client
+from streamlab.client import timed as client
 from streamlab.client.tracing import Trace, piece_text
 from streamlab.hops.exchange import CUT_AFTER
 from streamlab.hops.forwarders import EventSplitter

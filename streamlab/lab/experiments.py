@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from streamlab import client
+from streamlab.client import timed as client
+from streamlab.client import tracing
+from streamlab.client import wire
 from streamlab.lab.records import Recorded, recorded
 from streamlab.client.tracing import Trace, TraceEvent
 
@@ -150,7 +152,7 @@ async def give_up_on_complete(port: int, body: dict[str, Any], after_tokens: int
     """
     known = {r["id"] for r in await client.get_json(port, "/log")}
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(client.post_request(port, "/complete", body))
+    writer.write(wire.post_request(port, "/complete", body))
     await writer.drain()
     deadline = time.perf_counter() + timeout
     mine: dict[str, Any] | None = None
@@ -199,7 +201,7 @@ async def eventsource_like(
         if trace.status != 200:
             out.stopped_by_204 = trace.status == 204
             break
-        last_id = client.last_id(trace) or last_id
+        last_id = tracing.last_id(trace) or last_id
         await asyncio.sleep(retry)
     return out
 

@@ -204,7 +204,7 @@ def chat_stream_timing(port: int, prompt: str, tokens: int, *, model: str = "def
     """
     import asyncio
 
-    from streamlab import client
+    from streamlab.client import timed as client
 
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0.0, "stream": True}

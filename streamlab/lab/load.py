@@ -59,7 +59,7 @@ PROMPTS = (
 async def readers(port: int, n: int, tokens: int, *, prompts: Sequence[str] = PROMPTS,
                   timeout: float = 900.0) -> tuple[list[Any], float]:
     """N readers of ``/stream`` started together; their traces and the wall time to the last end."""
-    from streamlab import client
+    from streamlab.client import timed as client
 
     started = time.perf_counter()
     traces = await asyncio.gather(*(
@@ -118,7 +118,7 @@ def serve_args(engine: str, concurrency: Sequence[int]) -> list[str]:
 def run_engine(engine: str, port: int, concurrency: Sequence[int], tokens: int, *,
                say: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
     """The server on ``port`` (``--engine ENGINE``): a warm-up request, then each N in turn."""
-    from streamlab import client
+    from streamlab.client import timed as client
 
     rows: dict[int, dict[str, Any]] = {}
     client.stream_sync(port, "Hello", 4, ignore_eos=True)  # the first forward passes pay for warming up

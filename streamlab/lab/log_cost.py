@@ -25,11 +25,11 @@ from typing import Any
 
 from streamlab.model.lifecycle import Piece
 from streamlab.server.config import ServerConfig
-from streamlab.server.jobs import LogRecord, Ticket
-from streamlab.server.requests import GenerationRequest
-from streamlab.server.resumable import Run
-from streamlab.server.shared_log import SharedRegistry, ensure_group, meta_key, open_client
-from streamlab.server.worker import Worker
+from streamlab.server.answers.jobs import LogRecord, Ticket
+from streamlab.server.answers.requests import GenerationRequest
+from streamlab.server.resources.resumable import Run
+from streamlab.server.resources.shared_log import SharedRegistry, ensure_group, meta_key, open_client
+from streamlab.server.resources.worker import Worker
 
 TEXT = " word"  # one piece: a short word, as most tokens are
 

@@ -3,7 +3,7 @@
 How many readers can one process stream to, and what does each cost? A model
 would answer first (it makes ~20 tokens/s in all on this CPU), so the servers
 here serve a *scripted source* instead (no model: the same words at a fixed
-rate, see :mod:`streamlab.server.scripted`), and the figures are the server's
+rate, see :mod:`streamlab.server.answers.scripted`), and the figures are the server's
 own: events delivered per second, the gaps between a stream's events against
 its schedule (50 ms at 20 tokens/s), server CPU seconds per 10,000 events,
 memory per open stream.
@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket as ws, websocket_frames, websocket_handshake
 
 PROMPT = "Tell me about the keeper of the lighthouse."
 SCHEDULE_NOTE = "scripted source (no model): a fixed text at a fixed token rate"
@@ -208,7 +208,7 @@ class WSStream(_Stream):
                 return
         try:
             events = self.conn.receive(data)
-        except ws.ProtocolError as err:
+        except websocket_frames.ProtocolError as err:
             self.reading.fail(f"protocol error {err.code}")
             transport.abort()
             return
@@ -226,7 +226,7 @@ class WSStream(_Stream):
                 transport.write(self.conn.send_pong(event.payload))
             elif isinstance(event, ws.CloseReceived):
                 if not self.conn.close_sent:
-                    transport.write(self.conn.send_close(event.code if ws.is_valid_close_code(event.code) else 1000))
+                    transport.write(self.conn.send_close(event.code if websocket_frames.is_valid_close_code(event.code) else 1000))
                 # The server closes TCP once it has our CLOSE.
 
 
@@ -240,7 +240,7 @@ def sse_request(host: str, port: int, path: str, tokens: int) -> bytes:
 def _new_stream(protocol: str, host: str, port: int, path: str, tokens: int, reading: StreamReading) -> _Stream:
     if protocol == "sse":
         return SSEStream(reading, sse_request(host, port, path, tokens))
-    handshake = ws.client_handshake(f"{host}:{port}", path, ws.new_key())
+    handshake = websocket_handshake.client_handshake(f"{host}:{port}", path, websocket_handshake.new_key())
     return WSStream(reading, handshake, json.dumps({"prompt": PROMPT, "max_tokens": tokens}))
 
 

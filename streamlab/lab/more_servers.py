@@ -301,7 +301,7 @@ async def _until_done(port: int, generation_id: str, timeout: float = 30.0) -> d
 
 
 async def _end_of(c: Cluster, generation_id: str) -> dict:
-    from streamlab.server.shared_log import decode_entry, events_key, open_client
+    from streamlab.server.resources.shared_log import decode_entry, events_key, open_client
 
     redis = open_client(c.redis.url)
     try:

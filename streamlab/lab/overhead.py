@@ -19,7 +19,7 @@ Two questions, each answered side by side in one run:
 2. **The server side.** From the moment the generation thread has a piece to
    the moment the client's socket has it: the hand-over to the event loop,
    the wire format, the write, loopback, the client's read.
-   :func:`server_overhead` runs a real :class:`~streamlab.server.Server` in
+   :func:`server_overhead` runs a real :class:`~streamlab.server.app.Server` in
    this process, notes each piece's making time (``Piece.time``, the
    monotonic clock), and reads the stream from a *separate process* (so the
    client does not share the server's interpreter lock), which notes each
@@ -118,9 +118,10 @@ def stream_run(port: int, prompt: str, tokens: int) -> Run:
     no character spans two tokens. ``Run.tokens`` is the pieces counted, to
     hold against the tokens asked for.
     """
-    from streamlab import client
+    from streamlab.client import timed as client
+    from streamlab.client import wire
 
-    trace = asyncio.run(client.post(port, "/stream", client.request_body(prompt, tokens, ignore_eos=True)))
+    trace = asyncio.run(client.post(port, "/stream", wire.request_body(prompt, tokens, ignore_eos=True)))
     arrivals = [trace.sent + e.t for e in trace.events if e.kind == "text" and e.text]
     if not arrivals:
         raise RuntimeError(f"/stream on port {port} sent no text: {trace.events[-3:]}")
@@ -295,6 +296,7 @@ def read_at_socket(route: str, port: int, prompt: str, tokens: int) -> list[floa
     from streamlab.client.tracing import ResponseRecorder, Trace, record_message
     from streamlab.client.wire import post_request, request_body
     from streamlab.protocol import websocket as ws
+    from streamlab.protocol import websocket_handshake
 
     trace = Trace(way=route.strip("/"))
     body = request_body(prompt, tokens, ignore_eos=True)
@@ -316,15 +318,15 @@ def read_at_socket(route: str, port: int, prompt: str, tokens: int) -> list[floa
                     break
                 reading.feed(data, t)
         else:
-            key = ws.new_key()
-            sock.sendall(ws.client_handshake(f"127.0.0.1:{port}", route, key))
+            key = websocket_handshake.new_key()
+            sock.sendall(websocket_handshake.client_handshake(f"127.0.0.1:{port}", route, key))
             head = ResponseRecorder(trace, "GET")
             while trace.status is None:
                 data, t = recv()
                 if not data:
                     raise ConnectionError("closed during the WebSocket handshake")
                 head.feed(data, t)
-            ws.check_server_response(trace.status, trace.headers, key)
+            websocket_handshake.check_server_response(trace.status, trace.headers, key)
             conn = ws.Connection(client=True)
             sock.sendall(conn.send_text(json.dumps(body, ensure_ascii=False)))
             data, t = head.head.rest, trace.now()
@@ -354,7 +356,7 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
     of each round's own median.
     """
     from streamlab.lab.runner import serve_in_process
-    from streamlab.server.sources import source_for
+    from streamlab.server.answers.sources import source_for
 
     runs = [(route, reader) for reader in readers for route in routes]
     recording = _Recording(source_for(lm))
@@ -388,14 +390,16 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
 
 
 def _client(route: str, port: int, tokens: int, prompt: str, reader: str = "asyncio") -> list[float]:
-    from streamlab import client
+    from streamlab.client import timed as client
+    from streamlab.client import timed_websocket
+    from streamlab.client import wire
 
     if reader == "socket":
         return read_at_socket(route, port, prompt, tokens)
     if route == "/ws":
-        trace = asyncio.run(client.websocket(port, prompt, tokens, ignore_eos=True))
+        trace = asyncio.run(timed_websocket.websocket(port, prompt, tokens, ignore_eos=True))
     else:
-        trace = asyncio.run(client.post(port, route, client.request_body(prompt, tokens, ignore_eos=True)))
+        trace = asyncio.run(client.post(port, route, wire.request_body(prompt, tokens, ignore_eos=True)))
     return [trace.sent + e.t for e in trace.events if e.kind == "text" and e.text]
 
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from streamlab.hops.nginx import NginxProcess, run_nginx
 from streamlab.lab.runner import RunningServer, start_process, start_servers
-from streamlab.server.shared_log import open_client
-from streamlab.server.worker import Worker
+from streamlab.server.resources.shared_log import open_client
+from streamlab.server.resources.worker import Worker
 
 WORKER_READY = re.compile(r"ready on (redis://[^\s:/]+:(\d+))")
 # A replica's own routes (/ws, /stream) answer from a scripted source at this rate: no model in the replicas.

@@ -5,7 +5,7 @@
     python -m streamlab.lab.rivals websockets    --port 0 --rate 20   # the websockets library's asyncio server
     ... --loop uvloop                                                 # on uvloop instead of asyncio's own loop
 
-Each serves :class:`streamlab.server.scripted.ScriptedGeneration`, the very
+Each serves :class:`streamlab.server.answers.scripted.ScriptedGeneration`, the very
 source ``python -m streamlab serve --scripted-rate 20`` serves: the same
 words on the same schedule (one every 50 ms on absolute deadlines). The SSE
 rivals take ``POST /stream`` with ``{"prompt", "max_tokens"}`` and answer
@@ -71,7 +71,7 @@ def starlette_app(rate: float, *, sse_starlette: bool = False) -> Any:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    from streamlab.server.scripted import ScriptedGeneration
+    from streamlab.server.answers.scripted import ScriptedGeneration
 
     async def stream(request: Any) -> Any:
         try:
@@ -149,7 +149,7 @@ async def serve_websockets(sock: socket.socket, rate: float, *, stdin_eof: bool 
     from websockets.asyncio.server import serve
     from websockets.exceptions import ConnectionClosed
 
-    from streamlab.server.scripted import ScriptedGeneration
+    from streamlab.server.answers.scripted import ScriptedGeneration
 
     async def handler(connection: Any) -> None:
         try:
@@ -194,7 +194,7 @@ def _load_and_freeze(kind: str) -> None:
     """
     import gc
 
-    from streamlab.server import scripted  # noqa: F401
+    from streamlab.server.answers import scripted  # noqa: F401
 
     if kind == "websockets":
         import websockets.asyncio.server  # noqa: F401

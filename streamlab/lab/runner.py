@@ -321,7 +321,8 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
     import contextlib
     import io
 
-    from streamlab.server import Server, ServerConfig
+    from streamlab.server.app import Server
+    from streamlab.server.config import ServerConfig
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="streamlab-in-process-server", daemon=True)

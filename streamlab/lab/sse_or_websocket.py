@@ -35,8 +35,8 @@ from streamlab.client.timed import (
     post,
     resume,
     wait_log,
-    websocket,
 )
+from streamlab.client.timed_websocket import websocket
 from streamlab.client.tracing import ResponseRecorder, Trace
 from streamlab.client.wire import _close, _connect
 from streamlab.hops.nginx import run_nginx

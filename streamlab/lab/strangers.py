@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from streamlab import client
-from streamlab.protocol import websocket as ws
+from streamlab.client import timed as client
+from streamlab.protocol import websocket_frames
+from streamlab.protocol import websocket_handshake
 from streamlab.protocol.http_head import ResponseHeadParser
 
 EVIL = "evil.example"
@@ -50,7 +51,7 @@ def _raw(data: bytes) -> Callable[[int], bytes]:
 
 def _upgrade(*, origin: str | None = None, host: str | None = None) -> Callable[[int], bytes]:
     def build(port: int) -> bytes:
-        return ws.client_handshake(host or f"127.0.0.1:{port}", "/ws", ws.new_key(), origin=origin)
+        return websocket_handshake.client_handshake(host or f"127.0.0.1:{port}", "/ws", websocket_handshake.new_key(), origin=origin)
 
     return build
 
@@ -73,7 +74,7 @@ class Case:
 
 
 def _frame(opcode: int, payload: bytes, *, mask: bool = True) -> bytes:
-    return ws.encode_frame(opcode, payload, mask=mask)
+    return websocket_frames.encode_frame(opcode, payload, mask=mask)
 
 
 CASES: list[Case] = [
@@ -145,16 +146,16 @@ def probe(port: int, case: Case, *, timeout: float = 15.0) -> Outcome:
             return Outcome(response.status, time.perf_counter() - started, _message(body))
         started = time.perf_counter()
         sock.sendall(case.frames)
-        decoder = ws.FrameDecoder(expect_masked=False)
+        decoder = websocket_frames.FrameDecoder(expect_masked=False)
         frames = decoder.feed(rest)
-        while not any(f.opcode == ws.Opcode.CLOSE for f in frames):
+        while not any(f.opcode == websocket_frames.Opcode.CLOSE for f in frames):
             chunk = _recv(sock)
             if not chunk:
                 return Outcome(None, time.perf_counter() - started, "closed without a CLOSE frame")
             frames += decoder.feed(chunk)
-        close = next(f for f in frames if f.opcode == ws.Opcode.CLOSE)
-        code, reason = ws.parse_close_payload(close.payload)
-        texts = [f.payload.decode("utf-8", "replace") for f in frames if f.opcode == ws.Opcode.TEXT]
+        close = next(f for f in frames if f.opcode == websocket_frames.Opcode.CLOSE)
+        code, reason = websocket_frames.parse_close_payload(close.payload)
+        texts = [f.payload.decode("utf-8", "replace") for f in frames if f.opcode == websocket_frames.Opcode.TEXT]
         return Outcome(code, time.perf_counter() - started, _message(texts[-1].encode()) if texts else reason)
 
 

@@ -13,7 +13,7 @@ import json
 import time
 
 from streamlab.protocol import sse
-from streamlab.protocol.websocket import Opcode, encode_frame
+from streamlab.protocol.websocket_frames import Opcode, encode_frame
 
 
 def piece_json(text: str) -> str:

@@ -30,6 +30,7 @@ from streamlab.client.wire import _close, _connect, _host_header, _recv
 from streamlab.net.aio import run_sync
 from streamlab.protocol import sse
 from streamlab.protocol import websocket as ws
+from streamlab.protocol import websocket_handshake
 from streamlab.protocol.anatomy import Chunk, FrameLayout, frame_layout, split_chunks, visible
 from streamlab.protocol.http_head import Response, ResponseHeadParser
 
@@ -250,7 +251,7 @@ class WebSocketWire:
 
     @property
     def accept_computed(self) -> str:
-        return ws.accept_key(self.key)
+        return websocket_handshake.accept_key(self.key)
 
     @property
     def accept_matches(self) -> bool:
@@ -301,8 +302,8 @@ async def websocket_wire(
     port: int, body: dict[str, Any], *, host: str = "127.0.0.1", path: str = "/ws", timeout: float = 60.0
 ) -> WebSocketWire:
     """Upgrade ``/ws`` by hand, send ``body`` as one masked text frame, read the answer to the closing handshake."""
-    key = ws.new_key()
-    request = ws.client_handshake(_host_header(host, port), path, key)
+    key = websocket_handshake.new_key()
+    request = websocket_handshake.client_handshake(_host_header(host, port), path, key)
     reader, writer = await _connect(host, port, timeout)
     deadline = time.perf_counter() + timeout
     conn = ws.Connection(client=True)

@@ -34,7 +34,7 @@ from streamlab.net.aio import run_sync
 from streamlab.model.backlog import Backlog
 from streamlab.model.lifecycle import GenerationResult, Lifecycle, Piece  # callers import Piece and the result from here too
 from streamlab.model.sampling import Sampler
-from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, SLOW_READER, STOP_SEQUENCE, STOPPED  # noqa: F401 - callers import these from here too
+from streamlab.protocol.endings import EOS, ERROR, SLOW_READER, STOPPED
 
 # Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
 # Measured on a 2-core CPU with SmolLM2-135M, a 4,000-token prompt, with

@@ -8,9 +8,10 @@ route or a field added to the code and not to the page cannot land.
 
 from __future__ import annotations
 
-from streamlab.server import anthropic_api, openai_api, requests
+from streamlab.server.wire import anthropic_api, openai_api
+from streamlab.server.answers import requests
 from streamlab.server.app import ROUTES, Server
-from streamlab.server.fields import Schema
+from streamlab.server.answers.fields import Schema
 
 # The fields each generating route reads (the others take no body, or an empty one).
 ROUTE_FIELDS: dict[str, Schema] = {

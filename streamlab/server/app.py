@@ -18,25 +18,30 @@ from dataclasses import asdict
 from typing import Any, Awaitable, Callable
 
 from streamlab.net.errors import listen_error
-from streamlab.protocol import websocket as ws
-from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.server.store import STREAMING, Store
-from streamlab.server import anthropic_api, openai_api, queues, responses
+from streamlab.protocol import websocket_handshake
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request
+from streamlab.server.store.schema import STREAMING
+from streamlab.server.store.database import Store
+from streamlab.server.wire import anthropic_api, openai_api
+from streamlab.server import queues
+from streamlab.server.transport import responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
 from streamlab.server.config import flag as config_flag
-from streamlab.server.connection import ClientConnection, ClientGone
-from streamlab.server.sources import source_for
-from streamlab.server.formats import Format, StreamlabFormat, error_body
-from streamlab.server.guards import Guards
-from streamlab.server.answer import Answer
-from streamlab.server.deliveries import EventDelivery, WholeDelivery
-from streamlab.server.jobs import Job, Jobs, LogRecord, title
-from streamlab.server.fields import ignored_header
-from streamlab.server.requests import GenerationRequest, parse_generation_request
-from streamlab.server.resumable import Registry
-from streamlab.server.shared_log import SharedRegistry
-from streamlab.server.streams import EventStream
-from streamlab.server.websocket_session import WebSocketSession
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.net.serving import ClientGone
+from streamlab.server.answers.sources import source_for
+from streamlab.server.wire.formats import Format, StreamlabFormat, error_body
+from streamlab.server.transport.guards import Guards
+from streamlab.server.answers.answer import Answer
+from streamlab.server.wire.deliveries import EventDelivery, WholeDelivery
+from streamlab.server.answers.jobs import Job, Jobs, LogRecord, title
+from streamlab.server.answers.fields import ignored_header
+from streamlab.server.answers.requests import GenerationRequest, parse_generation_request
+from streamlab.server.resources.resumable import Registry
+from streamlab.server.resources.shared_log import SharedRegistry
+from streamlab.server.transport.streams import EventStream
+from streamlab.server.wire.websocket_session import WebSocketSession
 
 Handler = Callable[..., Awaitable[bool]]
 
@@ -266,7 +271,7 @@ class Server:
         try:
             handler, params = self._route(request)
             return await handler(client, request, **params)
-        except (HTTPError, ws.HandshakeError) as err:
+        except (HTTPError, websocket_handshake.HandshakeError) as err:
             headers = getattr(err, "headers", ())
             await responses.refuse(client, err.status, err.message, headers, errors, head_only=head_only)
         except (ClientGone, ConnectionError):
@@ -364,9 +369,9 @@ class Server:
     async def websocket(self, client: ClientConnection, request: Request) -> bool:
         """``GET /ws``: check the upgrade and its Origin, answer 101, then speak frames."""
         self.guards.check_origin(request)
-        key = ws.validate_upgrade_request(request.method, dict(request.headers))
+        key = websocket_handshake.validate_upgrade_request(request.method, dict(request.headers))
         request_id = self.jobs.new_id()
-        await client.send(ws.server_handshake_response(key, [("X-Request-Id", request_id)]))
+        await client.send(websocket_handshake.server_handshake_response(key, [("X-Request-Id", request_id)]))
         await WebSocketSession(self.jobs, self.config, client, request_id).run()
         return False
 

@@ -8,15 +8,14 @@ import functools
 import gc
 import os
 import sys
-from contextlib import redirect_stdout
 from typing import Any, Callable, Coroutine, TypeVar
 
 from streamlab.net.errors import UserError
 from streamlab.server.app import Server
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
-from streamlab.server.connection import serve_until_signalled
-from streamlab.server.sources import UpstreamSource
-from streamlab.server.scripted import ScriptedEngine
+from streamlab.net.serving import serve_until_signalled
+from streamlab.server.answers.sources import UpstreamSource, load_and_say
+from streamlab.server.answers.scripted import ScriptedEngine
 
 SPARE_FILES = 64  # descriptors besides the connections: the store, the listener, pipes, imports
 T = TypeVar("T")
@@ -147,15 +146,3 @@ def main(argv: list[str] | None = None) -> int:
         engine, load = None, functools.partial(load_and_say, args.model, args.engine, args.precision)
     server = Server(engine, config_from_args(args))
     return bind_load_serve(server, load, exit_on_stdin_eof=args.exit_on_stdin_eof, loop=args.loop)
-
-
-def load_and_say(name: str | None, engine: str, precision: str | None = None) -> Any:
-    """Load the model (stdout kept for the one line the runner waits for) and say what was loaded."""
-    from streamlab.model.loading import load_model
-
-    with redirect_stdout(sys.stderr):
-        lm = load_model(name, precision=precision)
-    print(f"streamlab: model {lm.name} on {lm.device}, {lm.precision} (loaded in {lm.load_seconds:.1f} s),"
-          f" generations: {engine}",
-          file=sys.stderr, flush=True)
-    return lm

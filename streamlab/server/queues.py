@@ -27,11 +27,11 @@ import termios
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.http_fields import HTTPError
 
 if TYPE_CHECKING:
-    from streamlab.server.connection import ClientConnection
-    from streamlab.server.jobs import Job, Ticket
+    from streamlab.server.transport.connection import ClientConnection
+    from streamlab.server.answers.jobs import Job, Ticket
 
 
 def kernel_unsent(sock: Any) -> int | None:

@@ -1,6 +1,6 @@
 """Exercise 6, a model answer: keep a partial answer, and why it stopped."""
 
-from streamlab.server.store import STOP_REASONS
+from streamlab.protocol.endings import STOP_REASONS
 
 
 def save_answer(store, conversation_id, pieces, stop_reason):

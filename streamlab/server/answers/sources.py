@@ -17,6 +17,9 @@ it fails is answered as a gateway answers (``gateway_failure``: 502, 504).
 
 from __future__ import annotations
 
+import sys
+from contextlib import redirect_stdout
+
 import asyncio
 import http.client
 import json
@@ -31,7 +34,7 @@ from streamlab.net.errors import UserError
 
 if TYPE_CHECKING:
     from streamlab.server.config import ServerConfig
-    from streamlab.server.requests import GenerationRequest
+    from streamlab.server.answers.requests import GenerationRequest
 
 Messages = Sequence[dict[str, str]]
 START_TIMEOUT = 10.0  # s: how long the command line waits for the upstream's /v1/models before giving up
@@ -222,7 +225,7 @@ class UpstreamSource:
 
     def generation(self, req: GenerationRequest, prompt_ids: list[int], messages: Messages,
                    config: ServerConfig, on_token: Callable[[int], None]) -> Any:
-        from streamlab.server.upstream import UpstreamGeneration
+        from streamlab.server.answers.upstream import UpstreamGeneration
 
         body: dict[str, Any] = {
             "model": self.model,
@@ -252,3 +255,15 @@ def gateway_failure(generation: Any) -> tuple[int, str] | None:
 def source_for(lm_or_source: Any) -> Any:
     """The server takes a loaded model (or a fake one) or a token source."""
     return lm_or_source if hasattr(lm_or_source, "generation") and hasattr(lm_or_source, "kind") else ModelSource(lm_or_source)
+
+
+def load_and_say(name: str | None, engine: str, precision: str | None = None) -> Any:
+    """Load the model (stdout kept for the one line the runner waits for) and say what was loaded."""
+    from streamlab.model.loading import load_model
+
+    with redirect_stdout(sys.stderr):
+        lm = load_model(name, precision=precision)
+    print(f"streamlab: model {lm.name} on {lm.device}, {lm.precision} (loaded in {lm.load_seconds:.1f} s),"
+          f" generations: {engine}",
+          file=sys.stderr, flush=True)
+    return lm

@@ -23,12 +23,12 @@ import enum
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from typing import Any, Callable, Protocol
 
-from streamlab.model.generation import Piece
+from streamlab.model.lifecycle import Piece
 from streamlab.protocol.endings import SERVER_SHUTDOWN
-from streamlab.server.connection import ClientConnection, ClientGone
-from streamlab.server.formats import job_ending, unserved_ending
-from streamlab.server.jobs import Job, Jobs, Ticket, Turn, delivered
-from streamlab.server.requests import GenerationRequest
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.net.serving import ClientGone
+from streamlab.server.answers.jobs import Job, Jobs, Ticket, Turn, delivered
+from streamlab.server.answers.requests import GenerationRequest
 
 
 class Phase(enum.Enum):
@@ -136,10 +136,6 @@ class Answer:
             await self.jobs.finish(self.job)
         else:
             self.jobs.leave(self.ticket, SERVER_SHUTDOWN)
-
-    def ending(self) -> tuple[str, dict]:
-        """Its last event, ``end`` or ``error``, with where it is stored: its job's, or its ticket's if none ran."""
-        return job_ending(self.job) if self.job is not None else unserved_ending(self.ticket)
 
     async def _wait(self, delivery: Delivery) -> bool:
         async def tell(ahead: int | None) -> None:

@@ -1,8 +1,8 @@
 """What an answer says on an HTTP response: as Server-Sent Events, or as one JSON body at its end.
 
-Both are :class:`streamlab.server.answer.Delivery`: the answer runs the
+Both are :class:`streamlab.server.answers.answer.Delivery`: the answer runs the
 steps (its place in line, its start, each piece, its end), and these write
-them in a route's :class:`~streamlab.server.formats.Format`. ``/stream`` and
+them in a route's :class:`~streamlab.server.wire.formats.Format`. ``/stream`` and
 the OpenAI and Anthropic streams are an :class:`EventDelivery`; ``/complete``
 and the APIs' ``stream: false`` a :class:`WholeDelivery`.
 """
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from streamlab.model.generation import Piece
+from streamlab.model.lifecycle import Piece
 from streamlab.protocol.endings import LEAVING_SIGNALS, SERVER_SHUTDOWN
 from streamlab.protocol.http_head import Request
-from streamlab.server import responses
-from streamlab.server.connection import ClientConnection
-from streamlab.server.formats import Format
-from streamlab.server.jobs import Job, busy
-from streamlab.server.sources import gateway_failure
-from streamlab.server.streams import EventStream
+from streamlab.server.transport import responses
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.server.wire.formats import Format
+from streamlab.server.answers.jobs import Job, busy
+from streamlab.server.answers.sources import gateway_failure
+from streamlab.server.transport.streams import EventStream
 
 if TYPE_CHECKING:
-    from streamlab.server.answer import Answer
+    from streamlab.server.answers.answer import Answer
 
 # How a route refuses for an upstream that failed (502, 504...): ``(job, (status, message))``, in its API's body.
 GatewayRefusal = Callable[[Job, tuple[int, str]], Awaitable[None]]

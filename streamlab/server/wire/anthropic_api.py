@@ -17,11 +17,11 @@ import uuid
 from typing import Any
 
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
-from streamlab.server.events import Event
-from streamlab.server.formats import Format
-from streamlab.server.jobs import Job, Ticket
-from streamlab.server.fields import REQUIRED, Field, Schema, bad
-from streamlab.server.requests import GenerationRequest, content_text, json_object, last_user_text, stop_field, transcript
+from streamlab.server.transport.events import Event
+from streamlab.server.wire.formats import Format
+from streamlab.server.answers.jobs import Job, Ticket
+from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
+from streamlab.server.answers.requests import GenerationRequest, content_text, json_object, last_user_text, stop_field, transcript
 
 ROLES = {"user": "user", "assistant": "assistant"}
 STOP_REASONS = {EOS: "end_turn", STOP_SEQUENCE: "stop_sequence", MAX_TOKENS: "max_tokens"}

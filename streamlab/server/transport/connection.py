@@ -15,8 +15,10 @@ import time
 from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from streamlab.net.serving import ClientGone, serve_until_signalled  # noqa: F401 - importable from here too
-from streamlab.protocol.http_head import BodyReader, HTTPError, Request, RequestHeadParser
+from streamlab.net.serving import ClientGone
+from streamlab.protocol.http_body import BodyReader
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request, RequestHeadParser
 from streamlab.protocol.endings import EOF, WRITE_FAILED, WRITE_TIMEOUT
 from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE, flag
 

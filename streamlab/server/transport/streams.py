@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import EOF
-from streamlab.protocol.http_head import LAST_CHUNK, Request, encode_chunk, response_head
-from streamlab.server.connection import ClientConnection, ClientGone, until_client_leaves
-from streamlab.server.events import Event, dumps
+from streamlab.protocol.http_body import LAST_CHUNK, encode_chunk
+from streamlab.protocol.http_head import Request, response_head
+from streamlab.server.transport.connection import ClientConnection, until_client_leaves
+from streamlab.net.serving import ClientGone
+from streamlab.server.transport.events import Event, dumps
 
 if TYPE_CHECKING:
     pass

@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from streamlab.protocol.endings import CANCEL, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS
-from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.server import responses
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request
+from streamlab.server.transport import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
-from streamlab.server.connection import ClientConnection
-from streamlab.server.events import Event
-from streamlab.server.formats import place_data, text_data
-from streamlab.model.generation import Piece
-from streamlab.server.answer import Answer
-from streamlab.server.jobs import Job, Jobs, LogRecord, Ticket, Turn
-from streamlab.server.requests import GenerationRequest, last_event_id
-from streamlab.server.streams import EventStream
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.server.transport.events import Event
+from streamlab.server.wire.formats import answer_ending, place_data, text_data
+from streamlab.model.lifecycle import Piece
+from streamlab.server.answers.answer import Answer
+from streamlab.server.answers.jobs import Job, Jobs, LogRecord, Ticket, Turn
+from streamlab.server.answers.requests import GenerationRequest, last_event_id
+from streamlab.server.transport.streams import EventStream
 
 
 @dataclass(eq=False)
@@ -120,7 +121,7 @@ class Run:
                 yield None
 
 
-    # -- as the answer's delivery (``streamlab.server.answer.Delivery``): events kept, whoever reads them --
+    # -- as the answer's delivery (``streamlab.server.answers.answer.Delivery``): events kept, whoever reads them --
 
     async def place(self, answer: Answer, ahead: int | None) -> None:
         if ahead is not None:  # its readers send their own keep-alives
@@ -137,7 +138,7 @@ class Run:
         return None
 
     async def ending(self, answer: Answer) -> None:
-        self.add(*answer.ending(), last=True)
+        self.add(*answer_ending(answer), last=True)
 
 
 @dataclass(eq=False)
@@ -329,7 +330,7 @@ class Registry:
         finally:
             self.cancel_grace(run)
             if not run.ended:
-                run.add(*run.answer.ending(), last=True)
+                run.add(*answer_ending(run.answer), last=True)
 
     # -- readers ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.http_fields import HTTPError
 
 REQUIRED: Any = object()  # a field with no default: absent is a 400
 

@@ -1,6 +1,6 @@
 """What the conversations file holds: its tables, their migrations, the rows read back, the words stored.
 
-``streamlab.server.store`` reads and writes the file; this module says what
+``streamlab.server.store.database`` reads and writes the file; this module says what
 is in it, so the shape of the data can be read, and changed, in one place:
 
 * ``MIGRATIONS``: each schema version is the statements that bring a file
@@ -15,7 +15,7 @@ is in it, so the shape of the data can be read, and changed, in one place:
   the rule that says when it is gone (``STALE_AFTER_MIN_S``, ``STALE_FLUSHES``),
   so that recovery closes the answers of dead writers and never a live one.
 
-``streamlab.server.store`` re-exports every public name here.
+``streamlab.server.store.database`` re-exports every public name here.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from streamlab.protocol.http_head import HTTPError, Request
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request
 from streamlab.server.config import LOOPBACK_HOSTS, flag
 
 

@@ -14,10 +14,12 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from streamlab.protocol.http_head import HTTPError, Request, error_response, json_response, response_head
-from streamlab.server.connection import ClientConnection, ClientGone
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request, error_response, json_response, response_head
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.net.serving import ClientGone
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parents[2] / "static"  # streamlab/static
 STATIC_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",

@@ -27,16 +27,19 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator
 
 from streamlab.protocol import websocket as ws
-from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol import websocket_frames
+from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.endings import CLOSE_FRAME, EOF, PROTOCOL_ERROR, STOP_MESSAGE
 from streamlab.server.config import MAX_WS_MESSAGE, WS_CLOSE_WAIT, ServerConfig
-from streamlab.server.connection import ClientConnection, ClientGone, in_background
-from streamlab.model.generation import Piece
-from streamlab.server.answer import Answer, Undeliverable
-from streamlab.server.formats import WebSocketMessages as MESSAGES
-from streamlab.server.jobs import Jobs
-from streamlab.server.requests import WS_MESSAGE, parse_generation_request
-from streamlab.server.events import dumps
+from streamlab.server.transport.connection import ClientConnection, in_background
+from streamlab.net.serving import ClientGone
+from streamlab.model.lifecycle import Piece
+from streamlab.server.answers.answer import Answer, Undeliverable
+from streamlab.server.wire.formats import WebSocketMessages as MESSAGES
+from streamlab.server.wire.formats import answer_ending
+from streamlab.server.answers.jobs import Jobs
+from streamlab.server.answers.requests import WS_MESSAGE, parse_generation_request
+from streamlab.server.transport.events import dumps
 
 TRY_AGAIN_LATER = 1013  # the IANA registry's close code for "overloaded, come back later"
 
@@ -96,10 +99,10 @@ class WebSocketSession:
                 return None
             now = time.monotonic()
             if now >= idle_until:
-                self._end(int(ws.CloseCode.GOING_AWAY), "idle timeout")
+                self._end(int(websocket_frames.CloseCode.GOING_AWAY), "idle timeout")
                 continue
             if self.ping_sent_at is not None and now >= self.ping_sent_at + self.config.ws_ping_timeout:
-                self._end(int(ws.CloseCode.INTERNAL_ERROR), "keepalive ping timeout")
+                self._end(int(websocket_frames.CloseCode.INTERNAL_ERROR), "keepalive ping timeout")
                 continue
             if self.ping_sent_at is None:
                 wake = now + self.config.ws_ping_interval
@@ -125,7 +128,7 @@ class WebSocketSession:
             return
         try:
             events = self.conn.receive(data)
-        except ws.ProtocolError as err:
+        except websocket_frames.ProtocolError as err:
             self._end(err.code, err.reason)
             self.lost(PROTOCOL_ERROR)
             return
@@ -140,11 +143,11 @@ class WebSocketSession:
         elif isinstance(event, ws.Pong):
             self.ping_sent_at = None
         elif isinstance(event, ws.CloseReceived):
-            code = event.code if ws.is_valid_close_code(event.code) else 1000
+            code = event.code if websocket_frames.is_valid_close_code(event.code) else 1000
             self._end(code)  # echo the peer's code, as RFC 6455 suggests
             self.lost(CLOSE_FRAME)
         elif isinstance(event, ws.BinaryMessage):
-            self._end(int(ws.CloseCode.UNSUPPORTED_DATA), "binary messages are not supported")
+            self._end(int(websocket_frames.CloseCode.UNSUPPORTED_DATA), "binary messages are not supported")
             self.lost(PROTOCOL_ERROR)
         elif isinstance(event, ws.TextMessage):
             if not _is_stop(event.text):
@@ -199,7 +202,7 @@ class WebSocketSession:
         except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
             await self.send_json(MESSAGES.refusal(err.status, err.message))
             busy = err.status == 503
-            code = TRY_AGAIN_LATER if busy else int(ws.CloseCode.POLICY_VIOLATION)
+            code = TRY_AGAIN_LATER if busy else int(websocket_frames.CloseCode.POLICY_VIOLATION)
             # A close reason holds at most 123 bytes (RFC 6455 5.5): the refusal, which names its flag, cut to fit.
             reason = err.message.encode("utf-8")[:120].decode("utf-8", "ignore") if busy else "bad request"
             self._end(code, reason)
@@ -212,15 +215,15 @@ class WebSocketSession:
             self.peer_gone = True
         if self.state is not State.OPEN:
             return False
-        name, ending = answer.ending()
+        name, ending = answer_ending(answer)
         await self.send_json(MESSAGES.ending(name, ending, answer.ticket.record.id))
         if name == "error":  # the generation failed; or its turn never came, because the server is going away
-            self._end(*((int(ws.CloseCode.INTERNAL_ERROR), "generation failed") if answer.served else
-                        (int(ws.CloseCode.GOING_AWAY), "server shutting down")))
+            self._end(*((int(websocket_frames.CloseCode.INTERNAL_ERROR), "generation failed") if answer.served else
+                        (int(websocket_frames.CloseCode.GOING_AWAY), "server shutting down")))
             return False
         return req.keep_open
 
-    # -- the answer's delivery (``streamlab.server.answer.Delivery``) ----------------
+    # -- the answer's delivery (``streamlab.server.answers.answer.Delivery``) ----------------
 
     def _sendable(self) -> None:
         if self.state is not State.OPEN:  # the peer sent CLOSE: no more data frames
@@ -271,5 +274,5 @@ class WebSocketSession:
                 return
             if not data:
                 return
-            with suppress(ws.ProtocolError):  # after an error the stream is past reading
+            with suppress(websocket_frames.ProtocolError):  # after an error the stream is past reading
                 self.conn.receive(data)

@@ -23,13 +23,14 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from streamlab.model.generation import GenerationResult, Piece, PieceQueue, PieceSource
+from streamlab.model.lifecycle import GenerationResult, Piece
+from streamlab.model.generation import PieceQueue, PieceSource
 from streamlab.model.stop_sequences import StopSequences
 from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
 if TYPE_CHECKING:
     from streamlab.server.config import ServerConfig
-    from streamlab.server.requests import GenerationRequest
+    from streamlab.server.answers.requests import GenerationRequest
 
 DEFAULT_RATE = 20.0  # tokens per second: a laptop running a 1.5B model (see DESIGN.md)
 

@@ -22,8 +22,9 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from streamlab.model.generation import Generation, GenerationResult, Piece, PieceSource
-from streamlab.protocol.http_head import HTTPError
+from streamlab.model.generation import Generation, PieceSource
+from streamlab.model.lifecycle import GenerationResult, Piece
+from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.endings import (
     CLIENT_LEFT,
     COMPLETED,
@@ -34,12 +35,14 @@ from streamlab.protocol.endings import (
     STOP_MESSAGE,
     stop_reason_for,
 )
-from streamlab.server.store import AnswerWriter, Store
+from streamlab.server.store.answers import AnswerWriter
+from streamlab.server.store.database import Store
 from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig, flag
-from streamlab.server.connection import ClientConnection, ClientGone, in_background
-from streamlab.server.requests import GenerationRequest, check_context
-from streamlab.server.silence import Silence
-from streamlab.server.responses import Refused
+from streamlab.server.transport.connection import ClientConnection, in_background
+from streamlab.net.serving import ClientGone
+from streamlab.server.answers.requests import GenerationRequest, check_context
+from streamlab.server.answers.silence import Silence
+from streamlab.server.transport.responses import Refused
 
 TITLE_CHARS = 60  # a conversation's title: the start of its first message
 

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import ERROR, INCOMPLETE_REASONS, SERVER_SHUTDOWN, STOPPED
-from streamlab.server.events import Event
+from streamlab.server.transport.events import Event
 
 if TYPE_CHECKING:
-    from streamlab.server.jobs import Job, Ticket
+    from streamlab.server.answers.answer import Answer
+    from streamlab.server.answers.jobs import Job, Ticket
 
 
 # -- streamlab's own payloads: every body below, and every other transport's, is made of these -------------
@@ -74,6 +75,11 @@ def unserved_ending(ticket: Ticket, conversation_id: str | None = None) -> tuple
         return "error", {**error_body(503, "the server is shutting down; this request's turn never came"),
                          "conversation_id": conversation_id, "message_id": None}
     return "end", stopped_in_line(conversation_id)
+
+
+def answer_ending(answer: Answer) -> tuple[str, dict]:
+    """An answer's last event, after its end: its job's ending, or, when none ran, its ticket's."""
+    return job_ending(answer.job) if answer.job is not None else unserved_ending(answer.ticket)
 
 
 def stopped_in_line(conversation_id: str | None = None, **extra: object) -> dict:

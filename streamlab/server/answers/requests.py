@@ -16,7 +16,7 @@ from typing import Any
 
 from streamlab.protocol.http_head import Request
 from streamlab.server.config import MAX_JSON_DEPTH
-from streamlab.server.fields import REQUIRED, Field, Schema, bad
+from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
 
 
 @dataclass(frozen=True)

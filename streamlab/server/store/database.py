@@ -26,9 +26,9 @@ The rules this module follows, and why:
 
 This module holds the ``Store`` (one connection to the file, every read and
 write); the ``AnswerWriter`` (one answer, as it streams) and the rounds that
-write many at once are in ``streamlab.server.store_answers``. What the file
+write many at once are in ``streamlab.server.store.answers``. What the file
 holds, its tables and migrations, the ``Message`` and ``Conversation`` rows
-and the status words, is in ``streamlab.server.store_schema``; those names,
+and the status words, is in ``streamlab.server.store.schema``; those names,
 ``AnswerWriter``, and the stop reasons of ``streamlab.protocol.endings`` that callers have
 always imported from here, are re-exported.
 
@@ -64,9 +64,10 @@ from streamlab.protocol.endings import (
     STOPPED,
     stop_reason_for,
 )
-from streamlab.server.store_answers import AnswerWriter, FlushRounds
-from streamlab.server.store_file import CHOOSE, UserError, make_folder, opening
-from streamlab.server.store_schema import (
+from streamlab.server.store.answers import AnswerWriter, FlushRounds
+from streamlab.server.store.file import CHOOSE, make_folder, opening
+from streamlab.net.errors import UserError
+from streamlab.server.store.schema import (
     _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
     STALE_AFTER_MIN_S, STALE_FLUSHES, STREAMING, Conversation, Lease, Message, Owner, _lease, _message,
     default_path, process_exists, stale_after,
@@ -76,7 +77,7 @@ __all__ = [
     # the stop reasons, from streamlab.protocol.endings
     "CLIENT_LEFT", "COMPLETED", "ERROR", "INCOMPLETE_REASONS", "INTERRUPTED", "MAX_TOKENS", "SLOW_READER",
     "STOP_REASONS", "STOPPED", "stop_reason_for",
-    # what the file holds, from streamlab.server.store_schema
+    # what the file holds, from streamlab.server.store.schema
     "CUT_OFF_MARKER", "CUT_OFF_WORDS", "DONE", "LEASE_COLUMNS", "MIGRATIONS", "SCHEMA_VERSION",
     "STALE_AFTER_MIN_S", "STALE_FLUSHES", "STREAMING", "Conversation", "Lease", "Message", "Owner", "default_path",
     # reading and writing it

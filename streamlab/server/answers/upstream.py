@@ -31,8 +31,11 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from streamlab.protocol import endings as stops
-from streamlab.model.generation import GenerationResult, Piece, PieceQueue, PieceSource
-from streamlab.protocol.http_head import BodyReader, HTTPError, IncompleteBody, ResponseHeadParser
+from streamlab.model.lifecycle import GenerationResult, Piece
+from streamlab.model.generation import PieceQueue, PieceSource
+from streamlab.protocol.http_body import BodyReader, IncompleteBody
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import ResponseHeadParser
 from streamlab.protocol.http_fields import list_tokens
 from streamlab.protocol.sse import DONE, EventStreamParser, ProtocolError
 from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED

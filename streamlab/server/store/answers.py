@@ -1,6 +1,6 @@
 """One answer as it streams (``AnswerWriter``), and the rounds that write every answer of a tick at once.
 
-``streamlab.server.store`` holds the file and its SQL; this module decides
+``streamlab.server.store.database`` holds the file and its SQL; this module decides
 *when* an answer's text reaches it. An answer's text waits in memory and is
 written at most every ``flush_interval`` seconds, so that a crash loses at
 most that much of it without a commit per token.
@@ -29,11 +29,11 @@ from types import TracebackType
 from typing import Any
 
 from streamlab.protocol.endings import ERROR, INTERRUPTED, STOP_REASONS
-from streamlab.server.store_schema import Message
+from streamlab.server.store.schema import Message
 
 __all__ = ["AnswerWriter", "FlushRounds"]
 
-# The store these belong to is ``streamlab.server.store.Store``, typed ``Any`` here: it imports this module,
+# The store these belong to is ``streamlab.server.store.database.Store``, typed ``Any`` here: it imports this module,
 # and an import back (even for typing) would make a circle.
 StoreLike = Any
 

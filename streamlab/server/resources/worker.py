@@ -46,18 +46,18 @@ from streamlab.net.errors import ArgumentParser, UserError
 from streamlab.net.serving import on_stdin_eof
 from streamlab.net.settings import Setting, Settings
 from streamlab.protocol.endings import GRACE_EXPIRED, INTERRUPTED
-from streamlab.protocol.http_head import HTTPError
+from streamlab.protocol.http_fields import HTTPError
 from streamlab.server.config import ServerConfig
-from streamlab.server.answer import Answer
-from streamlab.server.formats import ending_data, error_body, stopped_in_line, text_data
-from streamlab.server.jobs import Jobs
-from streamlab.server.store import Store
-from streamlab.server.requests import GenerationRequest
-from streamlab.server.shared_log import (
+from streamlab.server.answers.answer import Answer
+from streamlab.server.wire.formats import answer_ending, ending_data, error_body, stopped_in_line, text_data
+from streamlab.server.answers.jobs import Jobs
+from streamlab.server.store.database import Store
+from streamlab.server.answers.requests import GenerationRequest
+from streamlab.server.resources.shared_log import (
     ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, meta_key,
     open_client,
 )
-from streamlab.server.sources import ModelSource
+from streamlab.server.answers.sources import ModelSource
 
 HEARTBEAT = 0.5  # s between a busy worker's claims of its own job (each resets the entry's idle time)
 LOOK_INTERVAL = 0.1  # s: in a silence (reading a long prompt) the worker still looks for a cancel this often
@@ -275,7 +275,7 @@ class IntoTheLog:
     async def ending(self, answer: Answer) -> None:
         if self.lost:
             return
-        name, ending = answer.ending()
+        name, ending = answer_ending(answer)
         result = answer.job.generation.result
         # The replica's store knows nothing of this answer: no conversation, no message to name.
         ending = {**ending, **self.worker._ending(ending["stop_reason"], result.tokens)}
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{WORKER.flag('claim_idle')} must be positive and {WORKER.flag('token_delay')} cannot be"
                         " negative")
     asyncio.run(reachable(args.redis))
-    from streamlab.server.command import load_and_say
+    from streamlab.server.answers.sources import load_and_say
 
     lm = load_and_say(args.model, "threads (one at a time)")
     config = ServerConfig(engine="threads", token_delay=args.token_delay)

@@ -21,11 +21,11 @@ from typing import Any
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
-from streamlab.server.events import Event
-from streamlab.server.formats import Format
-from streamlab.server.jobs import Job, Ticket
-from streamlab.server.fields import REQUIRED, Field, Schema, bad
-from streamlab.server.requests import GenerationRequest, json_object, last_user_text, stop_field, transcript
+from streamlab.server.transport.events import Event
+from streamlab.server.wire.formats import Format
+from streamlab.server.answers.jobs import Job, Ticket
+from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
+from streamlab.server.answers.requests import GenerationRequest, json_object, last_user_text, stop_field, transcript
 
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context": a CPU should not start there
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

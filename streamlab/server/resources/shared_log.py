@@ -32,14 +32,15 @@ from typing import Any, AsyncIterator
 
 from streamlab.net.errors import UserError
 from streamlab.protocol.endings import CANCEL, INCOMPLETE_REASONS
-from streamlab.protocol.http_head import HTTPError, Request
-from streamlab.server import responses
+from streamlab.protocol.http_fields import HTTPError
+from streamlab.protocol.http_head import Request
+from streamlab.server.transport import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
-from streamlab.server.connection import ClientConnection
-from streamlab.server.events import Event, dumps
-from streamlab.server.formats import stopped_in_line
-from streamlab.server.requests import GenerationRequest
-from streamlab.server.streams import EventStream
+from streamlab.server.transport.connection import ClientConnection
+from streamlab.server.transport.events import Event, dumps
+from streamlab.server.wire.formats import stopped_in_line
+from streamlab.server.answers.requests import GenerationRequest
+from streamlab.server.transport.streams import EventStream
 
 PREFIX = "streamlab"
 JOBS = f"{PREFIX}:jobs"  # the job queue: one entry per generation, read by the workers' consumer group

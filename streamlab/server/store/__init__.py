@@ -1,0 +1,1 @@
+"""The store: conversations and answers in one SQLite file, written as they stream."""

@@ -1,0 +1,1 @@
+"""HTTP on one connection: reading requests, writing responses and event streams, the guards at the door."""
