@@ -79,15 +79,15 @@ def test_the_exercises_page_says_which_chapters_have_one():
 
 def test_the_server_page_lists_every_route_and_field_from_their_declarations():
     """docs/server.md's route and field tables are rendered from ``ROUTES`` and the schemas: stale is a failure."""
-    from streamlab.net import settings
+    from streamlab.book import doc_tables
     from streamlab.server.api_docs import ROUTE_FIELDS, SCHEMAS
     from streamlab.server.app import ROUTES
 
     text = (REPO / "docs" / "server.md").read_text(encoding="utf-8")
     for kind in ("routes", "fields"):
         assert f"<!-- {kind}: streamlab.server.api_docs -->" in text, f"docs/server.md lost its {kind} block"
-    assert settings.refresh(text) == text, (
-        "docs/server.md is stale: regenerate it with `.venv/bin/python -m streamlab.net.settings docs/server.md`")
+    assert doc_tables.refresh(text) == text, (
+        f"docs/server.md is stale: regenerate it with `{doc_tables.REGENERATE} docs/server.md`")
     for path, methods in ROUTES:
         for method in methods:
             assert f"| `{method} {path}` |" in text

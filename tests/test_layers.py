@@ -1,7 +1,8 @@
 """The package's shape, checked: layers that import one way, no import circles, no oversized module.
 
 Read from the source with ``ast`` (nothing is imported), so every import counts:
-at the top of a module, inside a function, and under ``if TYPE_CHECKING:``.
+at the top of a module, inside a function, under ``if TYPE_CHECKING:``, and a
+module named to ``importlib.import_module`` as a string.
 
     book      the chapters' helpers, plots, figures, the report, grading, the bench runner
     lab       the experiments behind the chapters, the rival servers, llama.cpp, curl, the browser
@@ -50,6 +51,9 @@ def _imports(name: str, path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]  # importlib.import_module("streamlab.x"): an import all the same
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -240,3 +244,10 @@ def test_every_name_is_imported_from_where_it_is_defined() -> None:
                     continue
                 wrong.append(f"{where}: from {node.module} import {alias.name}")
     assert not wrong, "names imported through a module that does not define them:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_ground_layers_look_nothing_up_by_name() -> None:
+    """net/ and protocol/ take what they render or parse from their callers: no importlib there."""
+    found = [name for name, path in MODULES.items() if name.split(".")[1:2] in (["net"], ["protocol"])
+             and "import_module" in path.read_text(encoding="utf-8")]
+    assert not found, found

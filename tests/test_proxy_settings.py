@@ -206,7 +206,7 @@ def test_the_limits_page_has_a_fresh_block_for_each_program(program):
     blocks = {match[3]: match[4] for match in settings.MARKERS.finditer(text) if match[2] == "settings"}
     assert module.__name__ in blocks, f"docs/limits.md has no <!-- settings: {module.__name__} --> block"
     assert blocks[module.__name__] == "\n" + markdown_table(*module.SETTINGS) + "\n", (
-        "docs/limits.md is stale: regenerate it with `.venv/bin/python -m streamlab.net.settings docs/limits.md`"
+        "docs/limits.md is stale: regenerate it with `.venv/bin/python -m streamlab.book.doc_tables docs/limits.md`"
     )
     shown = [s for group in groups for s in group if s.flag]
     assert all(f"`{s.usage()}`" in text for s in shown)

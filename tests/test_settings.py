@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from streamlab.book import doc_tables
 from streamlab.net.errors import UserError
 
 from streamlab.net import settings
@@ -21,7 +22,7 @@ from streamlab.server.config import ServerConfig, build_parser, config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS_PAGE = ROOT / "docs" / "limits.md"
-REGENERATE = ".venv/bin/python -m streamlab.net.settings docs/limits.md"
+REGENERATE = f"{doc_tables.REGENERATE} docs/limits.md"
 EVERY = [s for group in config.SETTINGS for s in group]
 FLAGGED = [s for s in EVERY if s.flag]
 
@@ -179,7 +180,7 @@ def test_every_flag_has_help():
 def test_the_limits_page_is_fresh():
     text = LIMITS_PAGE.read_text(encoding="utf-8")
     assert settings.MARKERS.search(text), "docs/limits.md lost its <!-- settings: ... --> markers"
-    assert settings.refresh(text) == text, f"docs/limits.md is stale: regenerate it with `{REGENERATE}`"
+    assert doc_tables.refresh(text) == text, f"docs/limits.md is stale: regenerate it with `{REGENERATE}`"
     assert REGENERATE.split(" ", 1)[1] in text  # the page says how to regenerate it
     for s in FLAGGED:
         assert f"`{s.usage()}`" in text
@@ -188,15 +189,15 @@ def test_the_limits_page_is_fresh():
 def test_the_page_tool_rewrites_and_checks(tmp_path, capsys):
     page = tmp_path / "page.md"
     page.write_text("# Limits\n\n<!-- settings: streamlab.server.config -->\nSTALE TABLE\n<!-- /settings -->\nafter\n")
-    assert settings.main(["--check", str(page)]) == 1 and "STALE TABLE" in page.read_text()
-    assert settings.main([str(page)]) == 0
+    assert doc_tables.main(["--check", str(page)]) == 1 and "STALE TABLE" in page.read_text()
+    assert doc_tables.main([str(page)]) == 0
     fresh = page.read_text()
     assert fresh.startswith("# Limits\n") and fresh.endswith("<!-- /settings -->\nafter\n") and "STALE TABLE" not in fresh
     assert markdown_table(*config.SETTINGS) in fresh
-    assert settings.main(["--check", str(page)]) == 0
+    assert doc_tables.main(["--check", str(page)]) == 0
     page.write_text("no markers\n")
     with pytest.raises(SystemExit):
-        settings.main([str(page)])
+        doc_tables.main([str(page)])
     capsys.readouterr()
 
 

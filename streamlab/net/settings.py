@@ -12,17 +12,17 @@ else is derived from it:
     Config(**config_values(parser.parse_args(), group))  # the parsed flags, converted
     markdown_table(group)                                # | `--idle-timeout S` | 75 s | close ... |
 
-A Markdown page keeps a rendered table between two markers that name the
-module holding the declarations (its ``SETTINGS``, a sequence of
-:class:`Settings`); ``python -m streamlab.net.settings PAGE.md`` rewrites what
-stands between them (``--check``: only say whether it is stale)::
+A Markdown page keeps a rendered table between two markers that name what
+it holds; ``refresh(page, blocks)`` rewrites what stands between them, from
+renderers the caller passes (``python -m streamlab.book.doc_tables PAGE.md``
+passes every declaration: the server's, the proxy's, the platform's)::
 
     <!-- settings: streamlab.server.config -->
     ... generated ...
     <!-- /settings -->
 
-Other kinds of block name a module that writes its own Markdown
-(``<!-- routes: streamlab.server.api_docs -->``: its ``routes_markdown()``).
+Other kinds of block hold what another renderer writes
+(``<!-- routes: streamlab.server.api_docs -->``: the server's route table).
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import importlib
 import re
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -337,45 +335,37 @@ def markdown_table(*groups: Settings) -> str:
 MARKERS = re.compile(r"(<!-- (\w+): *([\w.]+) *-->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
-def render_block(kind: str, module_name: str) -> str:
-    """What a ``<!-- KIND: MODULE -->`` block holds: ``settings``, the module's ``SETTINGS`` as tables; any
-    other kind, what the module's ``KIND_markdown()`` writes (the server's routes and request fields)."""
-    module = importlib.import_module(module_name)
-    if kind == "settings":
-        groups: Sequence[Settings] = module.SETTINGS
-        return markdown_table(*groups)
-    return getattr(module, f"{kind}_markdown")()
+# What fills one block: ``(kind, name)`` as its marker spells them -> the Markdown it holds now.
+Blocks = Mapping[tuple[str, str], Callable[[], str]]
 
 
-def refresh(page: str) -> str:
-    """``page`` with every marked block rendered afresh from the module its marker names."""
+def refresh(page: str, blocks: Blocks) -> str:
+    """``page`` with every marked block rendered afresh by ``blocks`` (a marker it does not know: KeyError).
+
+    The declarations are passed in by the caller that knows them
+    (``streamlab.book.doc_tables``): this layer renders, it does not go
+    looking for the layers above it.
+    """
 
     def render(match: re.Match[str]) -> str:
-        return match[1] + "\n" + render_block(match[2], match[3]) + "\n" + match[5]
+        key = (match[2], match[3])
+        if key not in blocks:
+            raise KeyError(f"no renderer for <!-- {key[0]}: {key[1]} -->")
+        return match[1] + "\n" + blocks[key]() + "\n" + match[5]
 
     return MARKERS.sub(render, page)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m streamlab.net.settings PAGE.md ...``: rewrite the pages' tables (``--check``: exit 1 if stale)."""
-    p = argparse.ArgumentParser(prog="python -m streamlab.net.settings", description=main.__doc__)
-    p.add_argument("pages", nargs="+", type=Path, metavar="PAGE")
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is stale")
-    args = p.parse_args(argv)
+def rewrite_pages(pages: Sequence[Path], blocks: Blocks, *, check: bool = False) -> list[Path]:
+    """Rewrite each page's blocks (``check``: write nothing); the pages that were stale."""
     stale = []
-    for page in args.pages:
+    for page in pages:
         text = page.read_text(encoding="utf-8")
         if not MARKERS.search(text):
-            p.error(f"{page}: no <!-- KIND: MODULE --> ... <!-- /KIND --> block")
-        fresh = refresh(text)
+            raise ValueError(f"{page}: no <!-- KIND: MODULE --> ... <!-- /KIND --> block")
+        fresh = refresh(text, blocks)
         if fresh != text:
             stale.append(page)
-            if not args.check:
+            if not check:
                 page.write_text(fresh, encoding="utf-8")
-    for page in stale:
-        print(f"{page}: {'stale' if args.check else 'rewritten'}")
-    return 1 if args.check and stale else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return stale

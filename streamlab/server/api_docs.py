@@ -1,6 +1,6 @@
 """docs/server.md's tables of routes and request fields, made from the declarations the server runs on.
 
-``python -m streamlab.net.settings docs/server.md`` rewrites what stands
+``python -m streamlab.book.doc_tables docs/server.md`` rewrites what stands
 between ``<!-- routes: streamlab.server.api_docs -->`` (and ``fields:``) and
 its closing marker; ``tests/test_docs.py`` fails when the page is stale, so a
 route or a field added to the code and not to the page cannot land.
