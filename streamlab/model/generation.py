@@ -152,6 +152,16 @@ class PieceSource:
     _queue: PieceQueue | None = None
     done: asyncio.Event | None = None
     result: GenerationResult | None = None
+    stop_source: str | None = None  # the first reason it was told to stop (a reader gone, a cancel, slow_reader)
+    _stopping: bool = False  # a stop was asked, for a source that lives on the event loop (``_stop_on_loop``)
+    # A relay's: its upstream must answer before the reader's response opens (``answered``), and a failure
+    # there is told as a gateway tells it (``gateway_status``: 502, 504). A source here has nothing to wait for.
+    relayed: bool = False
+    gateway_status: int | None = None
+
+    async def answered(self) -> None:
+        """Until the source has begun to answer: a relay's upstream, its response head; a model here, at once."""
+        return None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceSource":
         raise NotImplementedError

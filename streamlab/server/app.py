@@ -15,7 +15,7 @@ import re
 import sys
 import traceback
 from dataclasses import asdict
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from streamlab.net.errors import listen_error
 from streamlab.protocol import websocket_handshake
@@ -30,7 +30,7 @@ from streamlab.server.config import RETRY_AFTER, ServerConfig
 from streamlab.server.config import flag as config_flag
 from streamlab.server.transport.connection import ClientConnection
 from streamlab.net.serving import ClientGone
-from streamlab.server.answers.sources import source_for
+from streamlab.server.answers.sources import TokenSource, source_for
 from streamlab.server.wire.formats import Format, StreamlabFormat, error_body
 from streamlab.server.transport.guards import Guards
 from streamlab.server.answers.answer import Answer
@@ -38,7 +38,7 @@ from streamlab.server.wire.deliveries import EventDelivery, WholeDelivery
 from streamlab.server.answers.jobs import Job, Jobs, LogRecord, title
 from streamlab.server.answers.fields import ignored_header
 from streamlab.server.answers.requests import GenerationRequest, parse_generation_request
-from streamlab.server.resources.resumable import Registry
+from streamlab.server.resources.resumable import GenerationRegistry, Registry
 from streamlab.server.resources.shared_log import SharedRegistry
 from streamlab.server.transport.streams import EventStream
 from streamlab.server.wire.websocket_session import WebSocketSession
@@ -70,6 +70,9 @@ def error_format(path: str) -> Any:
         return openai_api.error
     return None
 
+
+if TYPE_CHECKING:
+    from streamlab.model.loading import LoadedModel
 
 # Every route, declared once: the server's table, docs/server.md's and a 404's hint all read this.
 # Each handler's docstring opens with its route and what it does (the docs' words).
@@ -107,7 +110,7 @@ def not_found(path: str) -> HTTPError:
 class Server:
     """Routes, generations and their log, behind one listening socket."""
 
-    def __init__(self, lm: Any, config: ServerConfig | None = None) -> None:
+    def __init__(self, lm: LoadedModel | TokenSource, config: ServerConfig | None = None) -> None:
         """``lm``: a loaded model (or a fake one), or a token source (``sources.UpstreamSource`` to relay)."""
         self.source = source_for(lm)
         self.config = config or ServerConfig()
@@ -115,7 +118,7 @@ class Server:
                        for path, methods in ROUTES]
         self._store: Store | None = None  # opened by start(), with jobs and the registry
         self.jobs: Jobs | None = None
-        self.registry: Registry | SharedRegistry | None = None
+        self.registry: GenerationRegistry | None = None  # this process's, or the replicas' in Redis
         self.guards = Guards(self.config.port, self.config.allowed_hosts, self.config.allowed_origins)
         self._connections: dict[asyncio.Task, ClientConnection] = {}
         self._listener: asyncio.AbstractServer | None = None
@@ -424,10 +427,10 @@ class Server:
         body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": config.naive,
                 "active": len(jobs.running), "max_active": config.max_active, "admission": config.admission,
                 "waiting": len(jobs.queue), "max_waiting": config.max_waiting, "left_queue": jobs.left_queue}
-        upstream = getattr(self.source, "health", None)
-        if upstream is not None:  # a relay is only as well as what it relays to: ask it now
-            body["upstream"] = await upstream()
-            body["ok"] = body["upstream"]["ok"]
+        upstream = await self.source.health()
+        if upstream is not None:  # a relay is only as well as what it relays to: asked now
+            body["upstream"] = upstream
+            body["ok"] = upstream["ok"]
         return await responses.respond_json(client, request, body)
 
     async def debug_queues(self, client: ClientConnection, request: Request) -> bool:

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict, deque
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from streamlab.model.generation import Generation, PieceSource
 from streamlab.model.lifecycle import GenerationResult, Piece
@@ -43,6 +43,9 @@ from streamlab.net.serving import ClientGone
 from streamlab.server.answers.requests import GenerationRequest, check_context
 from streamlab.server.answers.silence import Silence
 from streamlab.server.transport.responses import Refused
+
+if TYPE_CHECKING:
+    from streamlab.server.answers.sources import TokenSource
 
 TITLE_CHARS = 60  # a conversation's title: the start of its first message
 
@@ -190,8 +193,8 @@ def title(prompt: str) -> str:
 class Jobs:
     """Every generation the server runs, the line of those waiting for their turn, and the log."""
 
-    def __init__(self, source: Any, config: ServerConfig, store: Store) -> None:
-        self.source = source  # sources.ModelSource or sources.UpstreamSource
+    def __init__(self, source: TokenSource, config: ServerConfig, store: Store) -> None:
+        self.source = source  # the model here, an upstream, or a script
         self.config = config
         self.store = store
         self.running: set[Job] = set()
@@ -429,7 +432,7 @@ class Jobs:
     async def _finish(self, job: Job) -> GenerationResult:
         result = await job.generation.wait()
         record = job.record
-        if getattr(job.generation, "stop_source", None) == SLOW_READER and record.stop_signal != SLOW_READER:
+        if job.generation.stop_source == SLOW_READER and record.stop_signal != SLOW_READER:
             # It stopped itself, before any other signal reached it (its stop_source is the first).
             record.stop_signal, record.tokens_at_stop = SLOW_READER, result.tokens
         record.tokens = result.tokens

@@ -209,6 +209,9 @@ class ScriptedEngine:
     async def start(self) -> None:
         """Nothing to load."""
 
+    async def health(self) -> None:
+        return None  # a script in this process
+
     def prompt_ids(self, messages: Sequence[dict[str, str]], *, chat: bool) -> list[int]:
         """One stand-in id per word of the conversation (nothing reads them; ``/log`` counts them)."""
         words = sum(len(m["content"].split()) for m in messages)

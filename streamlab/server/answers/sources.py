@@ -17,19 +17,18 @@ it fails is answered as a gateway answers (``gateway_failure``: 502, 504).
 
 from __future__ import annotations
 
-import sys
-from contextlib import redirect_stdout
-
 import asyncio
 import http.client
 import json
 import socket
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from contextlib import redirect_stdout
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from streamlab.model.generation import Generation, chat_template_ids, encode_prompt
+from streamlab.model.generation import Generation, PieceSource, chat_template_ids, encode_prompt
 from streamlab.net.errors import UserError
 
 if TYPE_CHECKING:
@@ -50,6 +49,34 @@ def plain_text(messages: Messages) -> str:
     if len(messages) == 1:
         return messages[0]["content"]
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+
+
+class TokenSource(Protocol):
+    """What ``Jobs`` needs of wherever an answer's tokens come from: the model, an upstream, a script.
+
+    ``kind`` is ``local``, ``upstream`` or ``scripted`` (``/health`` says it);
+    ``prompt_ids`` counts a conversation in the source's tokens (empty: an
+    upstream counts its own); ``generation`` makes one answer's piece stream,
+    not started.
+    """
+
+    kind: str
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def context_length(self) -> int | None: ...
+
+    async def start(self) -> None: ...
+
+    async def health(self) -> dict[str, Any] | None:
+        """A relay's upstream, asked now (``/health`` shows it); None for a source in this process."""
+
+    def prompt_ids(self, messages: Messages, *, chat: bool) -> list[int]: ...
+
+    def generation(self, req: GenerationRequest, prompt_ids: list[int], messages: Messages, config: ServerConfig,
+                   on_token: Callable[[int], None]) -> PieceSource: ...
 
 
 class ModelSource:
@@ -88,6 +115,9 @@ class ModelSource:
 
     async def start(self) -> None:
         """Nothing to do: the model is loaded before the server starts."""
+
+    async def health(self) -> None:
+        return None  # the model is in this process: if the server answers, so does it
 
     def prompt_ids(self, messages: Messages, *, chat: bool) -> list[int]:
         """What the model will read: the conversation in its chat template, or the plain text."""
@@ -245,14 +275,14 @@ class UpstreamSource:
 
 def gateway_failure(generation: Any) -> tuple[int, str] | None:
     """``(status, message)`` when the generation failed because its upstream did (502, 504...); else None."""
-    status = getattr(generation, "gateway_status", None)
+    status = generation.gateway_status
     result = generation.result
     if status is None or result is None:
         return None
     return status, str(result.error)
 
 
-def source_for(lm_or_source: Any) -> Any:
+def source_for(lm_or_source: Any) -> TokenSource:
     """The server takes a loaded model (or a fake one) or a token source."""
     return lm_or_source if hasattr(lm_or_source, "generation") and hasattr(lm_or_source, "kind") else ModelSource(lm_or_source)
 

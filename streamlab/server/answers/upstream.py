@@ -110,6 +110,8 @@ class UpstreamGeneration(PieceSource):
     a stop, or a failure of our own).
     """
 
+    relayed = True
+
     def __init__(
         self,
         base_url: str,

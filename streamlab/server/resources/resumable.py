@@ -20,7 +20,7 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from streamlab.protocol.endings import CANCEL, ERROR, GRACE_EXPIRED, INCOMPLETE_REASONS
 from streamlab.protocol.http_fields import HTTPError
@@ -194,6 +194,26 @@ class GenerationResource:
         Never with ``--forget``: with nothing kept, a reconnect is a new request.
         """
         return self.keeps_events and self.run is not None and self.run.finished_for(after)
+
+
+class GenerationRegistry(Protocol):
+    """What the four ``/generations`` routes ask of a registry: this process's (``Registry``) or the one
+    every replica shares in Redis (``shared_log.SharedRegistry``)."""
+
+    async def created(self, req: GenerationRequest) -> tuple[dict, list[tuple[str, str]]]:
+        """``POST /generations``: the 201's body and headers."""
+
+    async def events(self, client: ClientConnection, request: Request, generation_id: str) -> bool:
+        """``GET /generations/{id}/events``: its events after ``Last-Event-ID``; True: keep the connection."""
+
+    async def cancelled(self, generation_id: str) -> dict:
+        """``POST /generations/{id}/cancel``: stop it, then say where it stands."""
+
+    async def describe(self, generation_id: str) -> dict:
+        """``GET /generations/{id}``: how far it has come."""
+
+    async def shutdown(self) -> None:
+        """The server is going away: let what runs write its ending."""
 
 
 class Registry:

@@ -36,11 +36,10 @@ async def upstream_failure(answer: Answer) -> tuple[int, str] | None:
     nothing to wait for.
     """
     job = answer.job
-    answered = getattr(job.generation, "answered", None)
-    if answered is None:
+    if not job.generation.relayed:
         return None
     async with answer.jobs.watching(answer.client, job):
-        await answered()
+        await job.generation.answered()
     return gateway_failure(job.generation)
 
 
