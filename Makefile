@@ -33,7 +33,7 @@ engine:
 
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks
-	$(BIN)/python -m streamlab.lab.browser build/screenshot-mid-stream.png --skip-if-unavailable
+	$(BIN)/python -m streamlab.lab.outside.browser build/screenshot-mid-stream.png --skip-if-unavailable
 	$(BIN)/python -m streamlab report --screenshot build/screenshot-report.png --skip-if-unavailable
 	$(BIN)/python -m streamlab book
 

@@ -11,7 +11,7 @@ server's ``GET /debug/queues``. The policies: unbounded; bounded at
 ``--max-queued`` pieces (the generation waits for its reader); bounded with a
 short ``--slow-reader-timeout`` (the generation is stopped, ``slow_reader``).
 The write timeout is off in these runs (at 1 KB/s it would cut the reader in
-every one: see ``streamlab/lab/backpressure.py``); ``--defaults`` adds a run with
+every one: see ``streamlab/lab/experiments/backpressure.py``); ``--defaults`` adds a run with
 the server's defaults as shipped, write timeout included.
 
 Figures per policy: tokens generated and pieces read at the end (the ratio: how
@@ -33,7 +33,7 @@ import argparse
 import sys
 from typing import Any
 
-from streamlab.lab.backpressure import (
+from streamlab.lab.experiments.backpressure import (
     DEMO_QUEUE,
     DEMO_TIMEOUT,
     DURATION,
@@ -47,7 +47,7 @@ from streamlab.lab.backpressure import (
     report,
     run,
 )
-from streamlab.lab.measures import Report
+from streamlab.lab.results.measures import Report
 
 SCRIPTED_RATE = 150.0  # tokens/s: ~40 KB/s of OpenAI events against a 1 KB/s reader
 SCRIPTED_DURATION = 20.0  # seconds per policy: the buffers fill in ~5 s at that rate

@@ -47,10 +47,10 @@ from typing import Any
 
 import torch
 
-from streamlab.lab.measures import Report
-from streamlab.lab.llamacpp import LlamaServer, chat_stream_timing, unavailable_reason
-from streamlab.lab.measures import load_note
-from streamlab.lab.records import load_prompts
+from streamlab.lab.results.measures import Report
+from streamlab.lab.outside.llamacpp import LlamaServer, chat_stream_timing, unavailable_reason
+from streamlab.lab.results.measures import load_note
+from streamlab.lab.results.records import load_prompts
 from streamlab.model import cpu_kinds
 from streamlab.model.cpu_kinds import MAX_FIRST_TOKEN_SLOWDOWN, MAX_PERPLEXITY_CHANGE
 from streamlab.model.loading import load_model

@@ -20,7 +20,7 @@ from typing import Callable
 
 from tokenizers.decoders import DecodeStream
 
-from streamlab.lab.measures import Report
+from streamlab.lab.results.measures import Report
 from streamlab.model.detokenizer import Detokenizer, FullDecodeDetokenizer, NaiveDetokenizer
 from streamlab.model.loading import load_tokenizer
 

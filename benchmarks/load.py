@@ -13,15 +13,15 @@ output token (median), gaps between pieces (p50, p99, max, share above the
 reader's tokens/s with its slowest reader under the threshold per token, refuse
 none at 16, and one reader must decode ≥ 1.6x float32's. The gap and
 TTFT samples are kept in the report's data for charts. See
-:mod:`streamlab.lab.load`. At the default size it takes ~5 minutes on 2 cores.
+:mod:`streamlab.lab.experiments.load`. At the default size it takes ~5 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from streamlab.lab.measures import Report
-from streamlab.lab.load import AS_SHIPPED, CONCURRENCY, ENGINES, TOKENS, measure
+from streamlab.lab.results.measures import Report
+from streamlab.lab.experiments.load import AS_SHIPPED, CONCURRENCY, ENGINES, TOKENS, measure
 
 
 def numbers(text: str) -> list[int]:

@@ -4,11 +4,11 @@
                                       [--rounds 3] [--loop asyncio|uvloop] [--servers a,b] [--tiny]
 
 No model: every server streams the same *scripted source* (``python -m
-streamlab serve --scripted-rate 20``; the rivals of ``streamlab.lab.rivals`` serve
+streamlab serve --scripted-rate 20``; the rivals of ``streamlab.lab.outside.rivals`` serve
 the very same class), a fixed text at 20 tokens/s, so what is measured is the
 server. At each level N, N streams of ``--tokens`` tokens start spread over
 ``--spread`` seconds, driven from a separate process (``python -m
-streamlab.lab.many_streams drive``) that notes every event's arrival. Each server
+streamlab.lab.experiments.many_streams drive``) that notes every event's arrival. Each server
 runs in a fresh process per level (memory once taken stays with a Python
 process). Per run: events delivered per second while all N are open (the
 schedule asks N x rate), the gaps between a stream's events (p50, p99, against
@@ -40,8 +40,8 @@ import argparse
 import math
 import statistics
 
-from streamlab.lab.measures import Report, _fmt
-from streamlab.lab.many_streams import LOOPS, SSE_SERVERS, WS_SERVERS, compare, default_loop, table
+from streamlab.lab.results.measures import Report, _fmt
+from streamlab.lab.experiments.many_streams import LOOPS, SSE_SERVERS, WS_SERVERS, compare, default_loop, table
 from streamlab.server.answers.scripted import scripted_name
 
 KEYS = {"streamlab": "streamlab", "streamlab-ws": "streamlab", "uvicorn+starlette": "starlette",

@@ -14,7 +14,7 @@ each piece's delay from being made to reaching the reader's socket is measured (
 blocking ``recv``): median ≤ 1 ms, p99 ≤ 5 ms; the library's asyncio client, which
 notes each read a few turns of its own loop later, is shown beside it. The machine
 is shared: the bare loop's own spread from round to round and the load average say
-how noisy the run was. See :mod:`streamlab.lab.overhead`.
+how noisy the run was. See :mod:`streamlab.lab.experiments.overhead`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from streamlab.lab.measures import Report
-from streamlab.lab.overhead import BARE, BATCHED, GENERATION, READERS, STREAM, model_overhead, server_overhead
-from streamlab.lab.runner import serve
+from streamlab.lab.results.measures import Report
+from streamlab.lab.experiments.overhead import BARE, BATCHED, GENERATION, READERS, STREAM, model_overhead, server_overhead
+from streamlab.lab.setups.runner import serve
 from streamlab.model.loading import load_model
 
 KEYS = {GENERATION: "generation", BATCHED: "batched", STREAM: "stream"}

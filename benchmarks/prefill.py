@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from streamlab.lab.measures import Report
-from streamlab.lab.measures import load_note
+from streamlab.lab.results.measures import Report
+from streamlab.lab.results.measures import load_note
 from streamlab.model.generation import PREFILL_CHUNK, Generation
 from streamlab.model.loading import FairLock, load_model
 

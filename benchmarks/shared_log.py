@@ -3,7 +3,7 @@
     python benchmarks/shared_log.py [--events 1000] [--rounds 7] [--tiny]
 
 One writer and one reader per round, each side running the server's own code
-(``streamlab/lab/log_cost.py``): in memory, ``Run.add`` and ``Run.follow``;
+(``streamlab/lab/experiments/log_cost.py``): in memory, ``Run.add`` and ``Run.follow``;
 in Redis, the worker's one pipelined round trip per piece (``Worker.step``)
 and a replica's ``XREAD BLOCK`` (``SharedRegistry.follow``), against a private
 redis-server on a loopback port. CPU counts this process and redis-server
@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from streamlab.lab.measures import Report
-from streamlab.lab.log_cost import compare
-from streamlab.lab.redis_server import run_redis
+from streamlab.lab.results.measures import Report
+from streamlab.lab.experiments.log_cost import compare
+from streamlab.lab.outside.redis_server import run_redis
 
 TINY = {"events": 50, "rounds": 2}
 

@@ -6,7 +6,7 @@
 # other work keeps its CPU. Idempotent: does nothing when the pinned version is there.
 #
 #   bash scripts/engine.sh            # or: make engine
-#   STREAMLAB_ENGINE_VENV=/elsewhere bash scripts/engine.sh   # streamlab.lab.llamacpp reads the same variable
+#   STREAMLAB_ENGINE_VENV=/elsewhere bash scripts/engine.sh   # streamlab.lab.outside.llamacpp reads the same variable
 #
 # The build is for this CPU (-march=native): build the venv on the machine that uses it,
 # or set CMAKE_ARGS="-DGGML_NATIVE=OFF" for a portable one. If the native build fails,

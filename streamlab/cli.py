@@ -26,7 +26,7 @@ COMMANDS = {
     "run-notebooks": ("streamlab.book.notebooks", "execute every chapter with papermill into build/"),
     "report": ("streamlab.book.report", "write build/report.html: each chapter's headline and key figure"),
     "book": ("streamlab.book.pages", "write build/book/: the executed chapters as web pages, with an index"),
-    "info": ("streamlab.lab.info", "load the model and print its load time and tokens/second"),
+    "info": ("streamlab.lab.experiments.model_speed", "load the model and print its load time and tokens/second"),
     "lab": ("streamlab.book.jupyter_lab", "open JupyterLab on a folder (make lab: notebooks/); as root with --allow-root"),
 }
 USAGE_ERROR = 2  # what argparse exits with for a bad flag: every mistake of the user's exits the same

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from streamlab.lab import runner
+from streamlab.lab.setups import runner
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,7 +56,7 @@ def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     Set in the environment, so processes (and notebook kernels) inherit it:
     ``Store``'s default path is ``$STREAMLAB_DATA/streamlab.db``. The servers
     the runner starts do not even use this one: each has a throwaway folder
-    of its own (``streamlab.lab.runner``), so after a chapter this folder is
+    of its own (``streamlab.lab.setups.runner``), so after a chapter this folder is
     as it was (tests/test_notebooks.py checks).
     """
     folder = tmp_path_factory.mktemp("streamlab-data")

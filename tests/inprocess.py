@@ -16,7 +16,7 @@ try:
 except ImportError:
     FakeLM = None
 
-from streamlab.lab.runner import serve_in_process
+from streamlab.lab.setups.runner import serve_in_process
 from streamlab.server.app import Server
 
 

@@ -24,7 +24,7 @@ from inprocess import serving
 from streamlab.client import timed as client
 from streamlab.client import wire
 from streamlab.model.backlog import Backlog
-from streamlab.lab.measures import parse_line
+from streamlab.lab.results.measures import parse_line
 from streamlab.model.generation import Generation, PieceQueue, PieceSource
 from streamlab.model.lifecycle import GenerationResult, Piece
 from streamlab.server.wire.anthropic_api import MessagesFormat
@@ -362,7 +362,7 @@ def test_the_relay_reads_no_further_from_its_upstream_while_its_reader_is_behind
 
 def test_the_benchmark_runs_at_its_tiny_size_and_its_lines_parse(tmp_path, capsys, monkeypatch):
     from streamlab.book import bench
-    from streamlab.lab import measures
+    from streamlab.lab.results import measures
 
     monkeypatch.setattr(measures, "BENCH_DIR", tmp_path)  # where Report.save writes
     spec = importlib.util.spec_from_file_location("backpressure_benchmark", bench.SCRIPTS / "backpressure.py")

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from streamlab.book import bench
-from streamlab.lab.measures import Report, parse_line
+from streamlab.lab.results.measures import Report, parse_line
 from streamlab.book.bench import summary
 
 

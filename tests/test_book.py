@@ -26,7 +26,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from streamlab import cli
-from streamlab.lab.records import NOTEBOOKS
+from streamlab.lab.results.records import NOTEBOOKS
 from streamlab.book.contents import PREREQUISITES, chapter_info, exercise_rows, exercises_by_chapter
 from streamlab.book.grading import EXERCISES, exercises
 from streamlab.book.notebooks import chapters
@@ -209,7 +209,7 @@ def test_an_exercise_page_is_its_brief_and_links_its_chapter(small_book):
 
 @pytest.mark.browser
 def test_chromium_reaches_every_page_with_every_image(small_book):
-    from streamlab.lab import headless
+    from streamlab.lab.outside import headless
 
     reason = headless.unavailable_reason()
     if reason:

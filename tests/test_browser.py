@@ -24,10 +24,10 @@ import pytest
 from fakes import FakeLM
 from inprocess import serving
 
-from streamlab.lab import browser
-from streamlab.lab import cross_site
-from streamlab.lab import headless
-from streamlab.lab import runner
+from streamlab.lab.outside import browser
+from streamlab.lab.experiments import cross_site
+from streamlab.lab.outside import headless
+from streamlab.lab.setups import runner
 from streamlab.client.timed import fetch_sync, get_json_sync
 from streamlab.server.transport import guards
 

@@ -206,7 +206,7 @@ def test_a_read_only_data_folder_is_named(tmp_path):
 def test_a_read_only_folder_is_worded_with_its_path(tmp_path, monkeypatch):
     """The same wording where the tests run as root (who may write anywhere): SQLite's error, the path's state."""
     path = tmp_path / "ro" / "streamlab.db"
-    monkeypatch.setattr(store_file.os, "access", lambda p, mode: False)
+    monkeypatch.setattr(os, "access", lambda p, mode: False)  # the os the store's file check asks
     told = store_file.unusable(path, sqlite3.OperationalError("unable to open database file"))
     assert str(told) == (f"cannot create the store {path}: its folder {path.parent} is not writable: choose another"
                          " file with --db, or another folder with STREAMLAB_DATA")

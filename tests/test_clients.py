@@ -38,7 +38,7 @@ import pytest
 from httpx_sse import connect_sse
 
 from fakes import DEFAULT_SCRIPT
-from streamlab.lab import headless
+from streamlab.lab.outside import headless
 from streamlab.client import timed as client
 from streamlab.client import tracing
 from streamlab.model.loading import default_cache_dir

@@ -1,6 +1,6 @@
 """RFC 9112's framing rules: the request-smuggling shapes, against the protocol layer and the server.
 
-The table is ``streamlab.lab.conformance_http.CASES``, each case naming the
+The table is ``streamlab.lab.conformance.http_framing.CASES``, each case naming the
 section or the suite's test (llhttp ``test/request/*.md``, h11, the HTTP
 Garden) it follows. Each request goes with a second one right behind it,
 in the same write (pipelined, as llhttp's ``pipelining.md``):
@@ -19,7 +19,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from streamlab.lab import conformance_http as ch
+from streamlab.lab.conformance import http_framing as ch
 from streamlab.protocol.http_body import BodyReader
 from streamlab.protocol.http_head import ResponseHeadParser
 

@@ -1,6 +1,6 @@
 """web-platform-tests' event-stream cases (web-platform-tests/wpt, eventsource/format-*), read by our parser and client.
 
-The table is ``streamlab.lab.conformance_sse.CASES``, each case named by the
+The table is ``streamlab.lab.conformance.eventsource.CASES``, each case named by the
 wpt file it follows. Every case is fed whole, split at every byte position
 and byte by byte, to ``EventStreamParser`` and to the client's recorder;
 each reading must give the case's events, the last event ID string, the
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from streamlab.client import timed
-from streamlab.lab import conformance_sse as cs
+from streamlab.lab.conformance import eventsource as cs
 from streamlab.protocol import sse
 
 IDS = [case.id for case in cs.CASES]
@@ -148,9 +148,9 @@ def test_the_reference_reads_the_table_as_the_table_says():
 
 def test_the_chapters_table_counts_every_case_and_all_pass():
     # Chapter 8's "how we know the protocol code is right" shows this table: it must hold every case of the three.
-    from streamlab.lab import conformance, conformance_http, conformance_ws
+    from streamlab.lab.conformance import autobahn, counts, http_framing
 
-    rows = conformance.run_all()
-    assert sum(r["cases"] for r in rows) == len(cs.CASES) + len(conformance_ws.CASES) + len(conformance_http.CASES)
+    rows = counts.run_all()
+    assert sum(r["cases"] for r in rows) == len(cs.CASES) + len(autobahn.CASES) + len(http_framing.CASES)
     assert all(r["passed"] == r["cases"] for r in rows), [r for r in rows if r["passed"] != r["cases"]]
     assert sum(r["non-strict"] for r in rows) == 8

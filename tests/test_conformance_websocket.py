@@ -1,6 +1,6 @@
 """Autobahn|Testsuite's WebSocket cases 1-7, 9 and 10 (crossbario/autobahn-testsuite), ours to run.
 
-The cases are the table in ``streamlab.lab.conformance_ws`` (each named by
+The cases are the table in ``streamlab.lab.conformance.autobahn`` (each named by
 its Autobahn number). Each runs twice:
 
 - against the protocol layer, ``ws.Connection`` playing the echo server
@@ -27,7 +27,7 @@ import socket
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from streamlab.lab import conformance_ws as cw
+from streamlab.lab.conformance import autobahn as cw
 from streamlab.protocol import websocket as ws
 from streamlab.protocol import websocket_frames
 from streamlab.protocol import websocket_handshake

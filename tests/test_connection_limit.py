@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 from streamlab.hops import tls  # noqa: E402
 from streamlab.hops.nginx import find_nginx, run_nginx, write_config  # noqa: E402
-from streamlab.lab.connection_limit import NGINX_LOCATION, PathRun, StreamTiming, connections_of  # noqa: E402
+from streamlab.lab.experiments.connection_limit import NGINX_LOCATION, PathRun, StreamTiming, connections_of  # noqa: E402
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl command here")
 
@@ -105,7 +105,7 @@ def test_nginx_config_listens_with_tls_on_one_port_and_http2_on_the_other(tmp_pa
 @needs_openssl
 @pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed")
 def test_real_nginx_offers_h2_on_its_http2_port_and_http1_on_the_other(certificate):
-    from streamlab.lab.runner import free_port
+    from streamlab.net.processes import free_port
 
     http1, http2 = free_port(), free_port()
     with run_nginx(free_port(), extra=tls.listen_lines(certificate, http1_port=http1, http2_port=http2)):

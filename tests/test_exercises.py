@@ -556,7 +556,7 @@ def test_ex8_follow_a_resumable_answer(tmp_path):
 @pytest.mark.notebook
 @pytest.mark.browser
 def test_ex9_keep_strangers_out(tmp_path):
-    from streamlab.lab import headless
+    from streamlab.lab.outside import headless
 
     if headless.unavailable_reason():
         pytest.skip(f"no headless Chromium: {headless.unavailable_reason()}")

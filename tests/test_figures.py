@@ -58,7 +58,7 @@ def test_every_chapter_draws_through_plots_and_saves_what_it_shows(notebook):
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("setup", ["from streamlab.book.chapter import save_figures\nsave_figures(results_path)", ""],
+@pytest.mark.parametrize("setup", ["from streamlab.book.figures import save_figures\nsave_figures(results_path)", ""],
                          ids=["save_figures in the first cell", "a chapter that never asked"])
 def test_every_figure_shown_is_saved_once_in_order(tmp_path, setup):
     notebooks = tmp_path / "notebooks"

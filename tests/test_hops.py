@@ -18,9 +18,9 @@ import pytest
 
 from streamlab.client import timed as client
 from streamlab.client import wire
-from streamlab.lab import between
+from streamlab.lab.experiments import other_hops
 from streamlab.hops.compress import Gzip, accepts_gzip, compressed_sizes, no_transform
-from streamlab.lab.curl import curl_available, curl_stream
+from streamlab.lab.outside.curl import curl_available, curl_stream
 from streamlab.protocol.http_head import Request, RequestHeadParser, Response
 from streamlab.hops.nginx import CACHE_STATUS, find_nginx, run_nginx, write_config
 from streamlab.hops.forwarders import PassThrough, WholeResponse, forwarder_for
@@ -121,7 +121,7 @@ def test_the_recorder_decodes_a_gzip_stream_as_it_comes():
 
 
 def test_the_client_sends_extra_headers():
-    request = wire.post_request(8000, "/stream", {}, headers=between.ACCEPT_GZIP)
+    request = wire.post_request(8000, "/stream", {}, headers=other_hops.ACCEPT_GZIP)
     assert b"\r\nAccept-Encoding: gzip\r\n" in request and request.count(b"\r\n\r\n") == 1
 
 
@@ -134,7 +134,7 @@ def via_gzip(port: int, **options: Any) -> tuple[Trace, Trace]:
     async def main() -> tuple[Trace, Trace]:
         async with serve_proxy(port, block=1, **options) as proxy:
             direct = await client.post(port, "/stream", BODY)
-            hop = await client.post(proxy.port, "/stream", BODY, headers=between.ACCEPT_GZIP)
+            hop = await client.post(proxy.port, "/stream", BODY, headers=other_hops.ACCEPT_GZIP)
             return direct, hop
 
     return asyncio.run(main())
@@ -164,7 +164,7 @@ def test_the_fixes_stream_again(slow, options, encoding):
 
 
 def test_config_puts_location_settings_in_location_and_a_cache_zone_in_the_folder(tmp_path: Path):
-    text = write_config(tmp_path, 1, 2, location=between.NGINX_CACHE_EVERYTHING, cache=True).read_text()
+    text = write_config(tmp_path, 1, 2, location=other_hops.NGINX_CACHE_EVERYTHING, cache=True).read_text()
     root = text[text.index("location / {") : text.index("location /ws")]
     assert "proxy_cache streamlab;" in root and "proxy_ignore_headers" in root
     assert "proxy_cache" not in text[text.index("location /ws") :]
@@ -174,12 +174,12 @@ def test_config_puts_location_settings_in_location_and_a_cache_zone_in_the_folde
 
 
 @needs_nginx
-@pytest.mark.parametrize(("location", "streams"), [(between.NGINX_GZIP, True),
-                                                   (between.NGINX_GZIP + "proxy_ignore_headers X-Accel-Buffering;", False)],
+@pytest.mark.parametrize(("location", "streams"), [(other_hops.NGINX_GZIP, True),
+                                                   (other_hops.NGINX_GZIP + "proxy_ignore_headers X-Accel-Buffering;", False)],
                          ids=["x-accel-buffering-honoured", "header-ignored"])
 def test_nginx_gzip(slow, location, streams):
     with run_nginx(slow.port, location=location) as nginx:
-        trace = client.post_sync(nginx.port, "/stream", BODY, headers=between.ACCEPT_GZIP)
+        trace = client.post_sync(nginx.port, "/stream", BODY, headers=other_hops.ACCEPT_GZIP)
     assert trace.headers["content-encoding"] == "gzip"  # no-transform or not, nginx compresses
     assert trace.complete and len(trace.text_events) == BODY["max_tokens"]
     if streams:  # unbuffered, nginx flushes its compressor on every write
@@ -189,10 +189,10 @@ def test_nginx_gzip(slow, location, streams):
 
 
 @needs_nginx
-@pytest.mark.parametrize("location", [between.NGINX_CACHE_EVERYTHING, between.NGINX_CACHE_HONOURING],
+@pytest.mark.parametrize("location", [other_hops.NGINX_CACHE_EVERYTHING, other_hops.NGINX_CACHE_HONOURING],
                          ids=["cache-everything", "honouring-the-origin"])
 def test_nginx_cache_and_a_reconnecting_reader(slow, location):
-    everything = location == between.NGINX_CACHE_EVERYTHING
+    everything = location == other_hops.NGINX_CACHE_EVERYTHING
     generation = client.create_generation_sync(slow.port, BODY)
     with run_nginx(slow.port, location=location, cache=True) as nginx:
         first = client.events_sync(nginx.port, generation["events"])
@@ -235,8 +235,8 @@ def _trace(times: list[float], **fields: Any) -> Trace:
 
 
 def test_seen_names_what_the_reader_saw():
-    assert between.seen(_trace([0.1, 0.5, 1.0], complete=True)).startswith("streamed 3 pieces")
-    assert between.seen(_trace([1.0, 1.0, 1.0], complete=True)).startswith("all 3 pieces at once")
-    assert "no end event" in between.seen(_trace([0.1, 0.2]))
-    assert "execution_limit" in between.seen(_trace([0.1], error={"type": "execution_limit"}, stop_reason="error"))
-    assert between.seen(_trace([], status=504, error={"message": "execution_limit: ..."})).startswith("504")
+    assert other_hops.seen(_trace([0.1, 0.5, 1.0], complete=True)).startswith("streamed 3 pieces")
+    assert other_hops.seen(_trace([1.0, 1.0, 1.0], complete=True)).startswith("all 3 pieces at once")
+    assert "no end event" in other_hops.seen(_trace([0.1, 0.2]))
+    assert "execution_limit" in other_hops.seen(_trace([0.1], error={"type": "execution_limit"}, stop_reason="error"))
+    assert other_hops.seen(_trace([], status=504, error={"message": "execution_limit: ..."})).startswith("504")

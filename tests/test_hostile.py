@@ -1,6 +1,6 @@
 """A stranger at the door: every refusal of chapter 9, the deadlines, the caps, in process over a fake model.
 
-Each row of ``streamlab.lab.strangers.CASES`` is the chapter's refusal table; here
+Each row of ``streamlab.lab.experiments.refusals.CASES`` is the chapter's refusal table; here
 every one is asserted, and after each a normal stream must still succeed.
 """
 
@@ -20,7 +20,7 @@ from fakes import FakeLM
 from inprocess import serving
 
 from streamlab.client import timed as client
-from streamlab.lab import strangers
+from streamlab.lab.experiments import refusals
 from streamlab.protocol import websocket_frames
 from streamlab.protocol import websocket_handshake
 
@@ -45,24 +45,24 @@ def read_all(sock: socket.socket) -> bytes:
     return data
 
 
-@pytest.mark.parametrize("case", strangers.CASES, ids=[c.name for c in strangers.CASES])
+@pytest.mark.parametrize("case", refusals.CASES, ids=[c.name for c in refusals.CASES])
 def test_every_refusal_in_the_table(app, case):
-    outcome = strangers.probe(app.port, case)
+    outcome = refusals.probe(app.port, case)
     assert outcome.answer == case.expect, outcome
     assert outcome.message  # a JSON error (or close reason) that says what is wrong
     assert client.post_sync(app.port, "/stream", OK).complete  # and the server serves everyone else
 
 
 def test_the_table_has_at_least_twenty_rows():
-    assert len(strangers.CASES) >= 20
-    assert len({c.name for c in strangers.CASES}) == len(strangers.CASES)
+    assert len(refusals.CASES) >= 20
+    assert len({c.name for c in refusals.CASES}) == len(refusals.CASES)
 
 
 def test_refused_requests_generate_and_store_nothing():
     with serving(FakeLM()) as server:
-        cross_site = [c for c in strangers.CASES if c.expect in (403, 415) or "context" in c.name]
+        cross_site = [c for c in refusals.CASES if c.expect in (403, 415) or "context" in c.name]
         for case in cross_site:
-            assert strangers.probe(server.port, case).answer == case.expect
+            assert refusals.probe(server.port, case).answer == case.expect
         assert client.get_json_sync(server.port, "/log") == []
         assert client.get_json_sync(server.port, "/conversations") == []
         assert server.store.conversations() == []
@@ -232,16 +232,16 @@ def test_an_unexpected_exception_is_a_json_500_without_a_traceback(capfd):
 
 def test_after_every_hostile_case_descriptors_and_memory_come_back():
     with serving(FakeLM()) as server:
-        for case in strangers.CASES:  # warm up: first-use allocations are not leaks
-            strangers.probe(server.port, case)
+        for case in refusals.CASES:  # warm up: first-use allocations are not leaks
+            refusals.probe(server.port, case)
         time.sleep(0.3)
         gc.collect()  # sockets other tests in this worker left to the collector close now, not mid-count
         fds = open_fds()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(3):
-            for case in strangers.CASES:
-                strangers.probe(server.port, case)
+            for case in refusals.CASES:
+                refusals.probe(server.port, case)
         assert client.post_sync(server.port, "/stream", OK).complete
         time.sleep(0.3)
         grown = tracemalloc.get_traced_memory()[0] - before

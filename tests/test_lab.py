@@ -27,7 +27,7 @@ import pytest
 from streamlab import cli
 from streamlab.book import jupyter_lab
 from streamlab.book.grading import build_student_copy
-from streamlab.lab.runner import free_port
+from streamlab.net.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP = 90.0  # seconds JupyterLab may take to answer on a busy 2-core machine (about 4 s when quiet)

@@ -5,10 +5,10 @@ at the top of a module, inside a function, under ``if TYPE_CHECKING:``, and a
 module named to ``importlib.import_module`` as a string.
 
     book      the chapters' helpers, plots, figures, the report, grading, the bench runner
-    lab       the experiments behind the chapters, the rival servers, llama.cpp, curl, the browser
+    lab       the experiments behind the chapters, the programs they start (ours and others'), their results
     server | hops | client     (side by side: none imports another)
     model     loading, sampling, the detokenizer, generation, batching, backlog
-    net       the thin asyncio glue the servers and clients share
+    net       the thin asyncio glue the servers and clients share, and child processes for every layer
     protocol  HTTP, SSE, WebSocket and the stop vocabulary: bytes in, events out
 """
 
@@ -107,6 +107,34 @@ def test_server_wings_import_down_a_request_s_path() -> None:
     wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := wing_of(name)) is not None
              for target in sorted(targets) if (other := wing_of(target)) is not None and other < rank]
     assert not wrong, "imports up the server's wings:\n" + "\n".join(wrong)
+
+
+# Inside lab/, what each package holds, top to bottom: the experiments use the programs they start and keep results.
+LAB_WINGS: list[tuple[str, ...]] = [
+    ("experiments",),
+    ("outside",),
+    ("setups",),
+    ("conformance",),
+    ("results",),
+]
+
+
+def lab_wing_of(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[:2] != ["streamlab", "lab"] or len(parts) < 3:
+        return None
+    return next((rank for rank, wings in enumerate(LAB_WINGS) if parts[2] in wings), None)
+
+
+def test_every_lab_module_is_in_a_package() -> None:
+    homeless = [name for name in MODULES if name.startswith("streamlab.lab.") and lab_wing_of(name) is None]
+    assert not homeless, f"lab modules outside every package: {homeless}"
+
+
+def test_lab_packages_import_down() -> None:
+    wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := lab_wing_of(name)) is not None
+             for target in sorted(targets) if (other := lab_wing_of(target)) is not None and other < rank]
+    assert not wrong, "imports up lab's packages:\n" + "\n".join(wrong)
 
 
 def test_every_module_is_in_a_layer() -> None:
@@ -251,3 +279,43 @@ def test_the_ground_layers_look_nothing_up_by_name() -> None:
     found = [name for name, path in MODULES.items() if name.split(".")[1:2] in (["net"], ["protocol"])
              and "import_module" in path.read_text(encoding="utf-8")]
     assert not found, found
+
+
+def test_all_lists_only_what_the_module_defines() -> None:
+    """An ``__all__`` naming an imported name would be a re-export by another name."""
+    wrong = []
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                wrong += [f"{name}: {n}" for n in ast.literal_eval(node.value) if n not in DEFINED[name]
+                          and n != "__version__"]
+    assert not wrong, wrong
+
+
+def test_a_module_s_attributes_are_read_where_they_are_defined() -> None:
+    """``module.name`` (a streamlab module bound by an import) finds ``name`` defined in that module."""
+    wrong = []
+    for where, text in _sources().items():
+        tree = ast.parse(text)
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamlab") and not node.level:
+                bound |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                          if f"{node.module}.{a.name}" in MODULES}
+            elif isinstance(node, ast.Import):
+                bound |= {a.asname: a.name for a in node.names if a.asname and a.name in MODULES}
+        # Patching a module's own binding (a test's stand-in for its os, an exercise's for its forwarder_for) is
+        # where that module looks the name up, not a re-export: a file that assigns module.name may read it too.
+        patched = {(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                   and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)}
+        patched |= {(call.args[0].id, call.args[1].value) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                    and getattr(call.func, "attr", "") == "setattr" and len(call.args) >= 2
+                    and isinstance(call.args[0], ast.Name) and isinstance(call.args[1], ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+                module = bound[node.value.id]
+                if node.attr.startswith("__") or (node.value.id, node.attr) in patched:
+                    continue
+                if node.attr not in DEFINED[module] and f"{module}.{node.attr}" not in MODULES:
+                    wrong.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr} ({module} does not define it)")
+    assert not wrong, "attributes read through a module that does not define them:\n" + "\n".join(sorted(set(wrong)))

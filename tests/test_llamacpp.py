@@ -1,4 +1,4 @@
-"""llama.cpp's OpenAI-compatible server over the default model's GGUF (streamlab.lab.llamacpp).
+"""llama.cpp's OpenAI-compatible server over the default model's GGUF (streamlab.lab.outside.llamacpp).
 
 The engine lives in .venv-engine (``make engine`` compiles it); without it, or
 without the GGUF, the tests that run it skip and say why. One server is shared
@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from streamlab.lab.llamacpp import CHAT_FORMAT, LlamaServer, llama_server_command, unavailable_reason
+from streamlab.lab.outside.llamacpp import CHAT_FORMAT, LlamaServer, llama_server_command, unavailable_reason
 
 pytestmark = pytest.mark.timeout(60)
 REASON = unavailable_reason()
@@ -84,7 +84,7 @@ def test_streamed_chat_completion_has_text_and_a_finish_reason(engine: LlamaServ
 def test_chat_stream_timing_times_an_openai_stream_piece_by_piece():
     """The benchmark's llama.cpp row, read from a server that speaks the same API: ours, scripted at 50 tokens/s."""
     from streamlab.book.grading import scripted_server
-    from streamlab.lab.llamacpp import chat_stream_timing
+    from streamlab.lab.outside.llamacpp import chat_stream_timing
 
     with scripted_server(50.0) as server:
         first, rate, pieces = chat_stream_timing(server.port, "Say hi.", 12)
@@ -94,7 +94,7 @@ def test_chat_stream_timing_times_an_openai_stream_piece_by_piece():
 
 @needs_engine
 def test_chat_stream_timing_reads_llama_cpp(engine: LlamaServer):
-    from streamlab.lab.llamacpp import chat_stream_timing
+    from streamlab.lab.outside.llamacpp import chat_stream_timing
 
     first, rate, pieces = chat_stream_timing(engine.port, "What is the capital of France?", 12)
     assert 1 <= pieces <= 12 and first > 0

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from streamlab.book import bench
-from streamlab.lab.measures import parse_line
+from streamlab.lab.results.measures import parse_line
 from streamlab.client.metrics import READING_THRESHOLD
-from streamlab.lab.load import figures
+from streamlab.lab.experiments.load import figures
 from streamlab.client.tracing import Trace, TraceEvent
 
 
@@ -60,8 +60,8 @@ def test_the_benchmark_runs_at_its_tiny_size(tmp_path):
 
 def test_the_shipped_server_is_held_to_its_targets():
     """At 8 readers against one: the scale-up, the slowest reader over the threshold, the format against float32."""
-    from streamlab.lab.load import shipped_figures
-    from streamlab.lab.measures import Report
+    from streamlab.lab.experiments.load import shipped_figures
+    from streamlab.lab.results.measures import Report
 
     def row(tokens_per_s: float, worst: float, refused: int = 0) -> dict:
         return {"tokens_per_s": tokens_per_s, "tpot_worst_s": worst, "refused": refused, "complete": 8 - refused}
@@ -83,7 +83,7 @@ def test_the_shipped_server_is_held_to_its_targets():
 @pytest.mark.model
 def test_measure_serves_a_loaded_model_in_process(model_cache):
     """Given the model (a chapter's), each engine is served in this process: the same rows, no server to start."""
-    from streamlab.lab.load import measure
+    from streamlab.lab.experiments.load import measure
     from streamlab.model.loading import load_model
 
     report = measure([1, 2], 3, lm=load_model(), quiet=True)

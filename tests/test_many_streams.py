@@ -19,9 +19,10 @@ import pytest
 from inprocess import serving
 from streamlab.client import timed as client
 from streamlab.book.bench import SCRIPTS
-from streamlab.lab.measures import parse_line
-from streamlab.lab import runner
-from streamlab.lab.many_streams import StreamReading, default_loop, percentile, server_command, summarize
+from streamlab.lab.results.measures import parse_line
+from streamlab.lab.setups import runner
+from streamlab.client.metrics import percentile
+from streamlab.lab.experiments.many_streams import StreamReading, default_loop, server_command, summarize
 from streamlab.net.errors import UserError
 from streamlab.server.command import loop_factory, run_on_loop
 from streamlab.server.transport.events import Event

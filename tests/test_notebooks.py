@@ -44,7 +44,7 @@ QUICK: dict[str, dict] = {
 def watched_folders(data_folder: Path, readers_folders: list[Path]) -> Iterator[None]:
     """A chapter writes into no data folder: the session's ``STREAMLAB_DATA`` and the reader's own, as they were.
 
-    Every server a chapter starts has a throwaway store (``streamlab.lab.runner``),
+    Every server a chapter starts has a throwaway store (``streamlab.lab.setups.runner``),
     so ``make run`` leaves the reader's conversations alone; here that shows as
     the folders' files and mtimes unchanged across each chapter.
     """
@@ -116,33 +116,33 @@ def test_chapters_3_and_4_ask_for_the_run_chapter_2_records():
 
 
 def test_recorded_reads_a_matching_run_back(tmp_path, monkeypatch):
-    from streamlab.book import chapter
+    from streamlab.lab.results import records
 
-    monkeypatch.setenv(chapter.RUN_ID, "run-1")
+    monkeypatch.setenv(records.RUN_ID, "run-1")
     made = []
 
     def make():
         made.append(1)
         return {"n": len(made)}
 
-    first = chapter.recorded("x", {"sizes": (1, 2)}, make, by="chapter 2", folder=tmp_path)
+    first = records.recorded("x", {"sizes": (1, 2)}, make, by="chapter 2", folder=tmp_path)
     assert first.made_here and first.source == "generated here" and first.value == {"n": 1}
-    again = chapter.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path)
+    again = records.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path)
     assert not again.made_here and again.value == {"n": 1}
     assert again.source == "recorded by chapter 2 in this run"
-    monkeypatch.setenv(chapter.RUN_ID, "run-2")  # a later run of the book reads it too, and says when it was made
-    assert chapter.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path).source.startswith(
+    monkeypatch.setenv(records.RUN_ID, "run-2")  # a later run of the book reads it too, and says when it was made
+    assert records.recorded("x", {"sizes": [1, 2]}, make, by="chapter 3", folder=tmp_path).source.startswith(
         "recorded by chapter 2 on ")
-    other = chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path)  # other sizes: made again
+    other = records.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path)  # other sizes: made again
     assert other.made_here and other.value == {"n": 2}
-    owner = chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 2", folder=tmp_path, reuse=False)
+    owner = records.recorded("x", {"sizes": [1, 3]}, make, by="chapter 2", folder=tmp_path, reuse=False)
     assert owner.made_here and owner.value == {"n": 3}  # the chapter that owns the experiment always measures
     (tmp_path / "x.json").write_text("{half a recording", encoding="utf-8")
-    assert chapter.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path).made_here
+    assert records.recorded("x", {"sizes": [1, 3]}, make, by="chapter 3", folder=tmp_path).made_here
 
 
 def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
-    from streamlab.lab.experiments import three_ways_run
+    from streamlab.lab.experiments.three_ways import three_ways_run
 
     prompts = ["The harbour at dawn", "A letter arrived"]
     made = three_ways_run(prompts, max_tokens=12, seed=0, by="chapter 2", folder=tmp_path, port=app.port, reuse=False)
@@ -157,8 +157,8 @@ def test_three_ways_run_is_shared_trace_for_trace(tmp_path, app):
 
 def test_03_and_04_read_chapter_2s_run_back(tmp_path, app):
     """Run in one book, chapters 3 and 4 generate nothing: they read the run chapter 2 recorded."""
-    from streamlab.lab.records import load_prompts, runs_folder
-    from streamlab.lab.experiments import three_ways_run
+    from streamlab.lab.results.records import load_prompts, runs_folder
+    from streamlab.lab.experiments.three_ways import three_ways_run
 
     sizes = {"n_prompts": 1, "max_tokens": 20}
     prompts = [p["prompt"] for p in load_prompts()[:1]]
@@ -469,7 +469,7 @@ def test_12_what_else_sits_between(tmp_path):
 
 def test_13_more_than_one_server(tmp_path):
     from streamlab.hops.nginx import find_nginx
-    from streamlab.lab.redis_server import find_redis
+    from streamlab.lab.outside.redis_server import find_redis
 
     if not (find_nginx() and find_redis()):
         assert not os.environ.get("CI"), "CI installs nginx and redis-server: chapter 13 must run"
@@ -509,7 +509,7 @@ def test_13_more_than_one_server(tmp_path):
 
 def test_14_many_streams_in_one_browser(tmp_path):
     from streamlab.hops.nginx import find_nginx
-    from streamlab.lab.connection_limit import DIRECT, HTTP1_TLS, HTTP2_TLS
+    from streamlab.lab.experiments.connection_limit import DIRECT, HTTP1_TLS, HTTP2_TLS
 
     f = run_chapter("14_many_streams_in_one_browser", tmp_path)
     if not f["browser"]:

@@ -16,7 +16,7 @@ import pytest
 
 from streamlab.net.errors import UserError
 from streamlab.client import timed as client
-from streamlab.lab.between import Bill
+from streamlab.lab.experiments.other_hops import Bill
 from streamlab.hops.function_platform import Billing, busy_time, parse_args, platform_command
 from streamlab.hops.exchange import COMPLETE
 from streamlab.hops.forwarders import EXECUTION_LIMIT, cut_event

@@ -30,7 +30,7 @@ from streamlab.book import figures
 from streamlab.book import plots  # noqa: E402
 from streamlab.book import style
 from streamlab.client import metrics
-from streamlab.lab.strangers import Stall  # noqa: E402
+from streamlab.lab.experiments.refusals import Stall  # noqa: E402
 
 DATA = json.loads((Path(__file__).parent / "data" / "recorded_figures.json").read_text(encoding="utf-8"))
 

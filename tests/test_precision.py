@@ -204,7 +204,7 @@ def picks(runner: DecodeRunner, prompt_ids: list[int], tokens: list[int]) -> lis
 
 @pytest.mark.model
 def test_every_format_writes_text_and_picks_the_tokens_float32_picks(lm, runners):
-    from streamlab.lab.records import load_prompts
+    from streamlab.lab.results.records import load_prompts
 
     prompts = [lm.tokenizer(item["prompt"])["input_ids"] for item in load_prompts()[:3]]
     agree = {name: 0 for name in runners}
@@ -305,7 +305,7 @@ def test_a_loaded_split_model_routes_one_token_passes_to_its_decode_copy(lm, run
 @pytest.mark.model
 def test_the_benchmark_prints_lines_that_parse(tmp_path):
     from streamlab.book import bench
-    from streamlab.lab import measures
+    from streamlab.lab.results import measures
 
     script = bench.SCRIPTS / "decode_formats.py"
     done = subprocess.run([sys.executable, str(script), "--tiny"], capture_output=True, text=True, timeout=300,
@@ -319,7 +319,7 @@ def test_the_benchmark_prints_lines_that_parse(tmp_path):
     assert goal["op"] == "≥" and goal["verdict"].startswith(("met", "missed", "within noise"))
     assert saved["data"]["default"] in FORMATS
     assert "decode_formats" in bench.BENCHMARKS
-    from streamlab.lab.llamacpp import unavailable_reason
+    from streamlab.lab.outside.llamacpp import unavailable_reason
 
     if unavailable_reason() is None:  # make engine built llama.cpp: its row is beside the formats
         assert "llama_cpp_vs_float32_decode" in {f["key"] for f in figures}

@@ -471,8 +471,8 @@ def test_a_client_behind_a_queue_gets_bytes_before_its_idle_timeout():
 
 @pytest.mark.browser
 def test_the_page_shows_its_place_in_line_until_the_first_piece():
-    from streamlab.lab import browser
-    from streamlab.lab import headless
+    from streamlab.lab.outside import browser
+    from streamlab.lab.outside import headless
 
     why_not = headless.unavailable_reason()
     if why_not is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.lab.runner import start_process
+from streamlab.lab.setups.runner import start_process
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FIRST_SCREEN = 40  # lines

@@ -13,7 +13,7 @@ from pathlib import Path
 from fakes import FakeLM
 
 from streamlab.book import pages, style
-from streamlab.lab.runner import serve_in_process
+from streamlab.lab.setups.runner import serve_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 EMOJI_FONT = "Noto Color Emoji"  # what fonts-noto-color-emoji provides

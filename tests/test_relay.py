@@ -15,7 +15,8 @@ import pytest
 from fakes import DEFAULT_SCRIPT, FakeLM
 from inprocess import serving
 from streamlab.client import timed as client
-from streamlab.lab import ecosystem, runner
+from streamlab.lab.experiments import api_formats
+from streamlab.lab.setups import runner
 from streamlab.server.answers.sources import UpstreamSource
 
 LONG = 60  # tokens asked for with ignore_eos: the script repeats
@@ -142,22 +143,22 @@ CUT = 4  # pieces the hop lets through
 
 @pytest.fixture(scope="module")
 def hop(upstream):
-    with ecosystem.CuttingHop(upstream.port, CUT) as hop:
+    with api_formats.CuttingHop(upstream.port, CUT) as hop:
         yield hop
 
 
-@pytest.mark.parametrize("read", [ecosystem.read_openai, ecosystem.read_anthropic, ecosystem.read_httpx_sse],
+@pytest.mark.parametrize("read", [api_formats.read_openai, api_formats.read_anthropic, api_formats.read_httpx_sse],
                          ids=["openai", "anthropic", "httpx-sse"])
 def test_the_sdks_hand_over_a_cleanly_cut_stream_as_if_it_were_whole(hop, read):
-    kwargs = {} if read is ecosystem.read_httpx_sse else {"model": "fake"}
+    kwargs = {} if read is api_formats.read_httpx_sse else {"model": "fake"}
     result = read(hop.url, LONG, **kwargs)
     assert result.raised is None and result.stop_reason is None  # no error: only the missing stop reason tells
     assert result.pieces == CUT and DEFAULT_SCRIPT.startswith(result.text) and result.text
 
 
 def test_the_hop_counts_pieces_so_every_format_is_cut_after_the_same_text(hop):
-    texts = {path: client.post_sync(hop.port, path, ecosystem.request_body(fmt, LONG, model="fake")).text
-             for fmt, path in ecosystem.ROUTES.items()}
+    texts = {path: client.post_sync(hop.port, path, api_formats.request_body(fmt, LONG, model="fake")).text
+             for fmt, path in api_formats.ROUTES.items()}
     assert len(set(texts.values())) == 1 and len(texts["/stream"]) == CUT  # the fake model's tokens are bytes
 
 
@@ -172,7 +173,7 @@ def test_the_hop_hangs_up_on_the_upstream_which_stops_generating(upstream, hop):
 
 def test_a_relay_behind_the_hop_turns_the_cut_into_an_error_the_sdk_raises(hop):
     with serving(UpstreamSource(hop.url)) as relay:
-        result = ecosystem.read_openai(relay.url, LONG, model="fake")
+        result = api_formats.read_openai(relay.url, LONG, model="fake")
     assert result.raised is not None and result.text == DEFAULT_SCRIPT[:CUT]
 
 

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from streamlab.lab import headless
+from streamlab.lab.outside import headless
 from streamlab.book import figures
 from streamlab.book import plots
 from streamlab.book import report  # noqa: E402

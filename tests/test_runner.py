@@ -1,4 +1,4 @@
-"""Tests for streamlab.lab.runner: starting processes, waiting for readiness, always stopping them."""
+"""Tests for streamlab.lab.setups.runner: starting processes, waiting for readiness, always stopping them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import time
 import pytest
 
 from streamlab.client import timed as client
-from streamlab.lab import runner
+from streamlab.lab.setups import runner
+from streamlab.net import processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,7 +25,7 @@ READY = "print('fake: listening on http://127.0.0.1:4321', flush=True)\n"
 
 
 def test_free_port_can_be_bound():
-    port = runner.free_port()
+    port = processes.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
 

@@ -24,7 +24,7 @@ from streamlab import cli  # noqa: E402
 from streamlab.client import timed  # noqa: E402
 from streamlab.client import tracing  # noqa: E402
 from streamlab.client.tracing import last_id  # noqa: E402
-from streamlab.lab import replicas  # noqa: E402
+from streamlab.lab.setups import replicas  # noqa: E402
 from streamlab.server.resources import shared_log, worker  # noqa: E402
 
 URL = "redis://fake"

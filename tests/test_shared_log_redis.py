@@ -24,8 +24,8 @@ from inprocess import generation_done, serving
 from streamlab.book import bench
 from streamlab.client import timed
 from streamlab.client.tracing import last_id
-from streamlab.lab.redis_server import find_redis, run_redis
-from streamlab.lab.replicas import start_worker, worker_in_process
+from streamlab.lab.outside.redis_server import find_redis, run_redis
+from streamlab.lab.setups.replicas import start_worker, worker_in_process
 
 pytestmark = [pytest.mark.skipif(find_redis() is None and not os.environ.get("CI"), reason="no redis-server here")]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from streamlab.client import timed as client
-from streamlab.lab import runner
+from streamlab.lab.setups import runner
 from streamlab.server.store import database as store_module
 from streamlab.protocol.endings import COMPLETED, INTERRUPTED, MAX_TOKENS
 from streamlab.server.store.schema import (

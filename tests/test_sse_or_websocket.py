@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamlab.hops.nginx import find_nginx
-from streamlab.lab import sse_or_websocket as sw
+from streamlab.lab.experiments import sse_or_websocket as sw
 from streamlab.net import aio
 
 BODY = {"prompt": "hi", "max_tokens": 40, "chat": False, "ignore_eos": True, "seed": 0}
@@ -70,7 +70,8 @@ def test_stop_rounds_count_what_each_way_made_after_the_stop(apps):
 
 def test_what_each_browser_reader_sends():
     """EventSource and WebSocket cannot carry the page's Authorization header; fetch can; all three send the cookie."""
-    from streamlab.lab import browser_readers, headless
+    from streamlab.lab.experiments import browser_readers
+    from streamlab.lab.outside import headless
 
     reason = headless.unavailable_reason()
     if reason:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from streamlab.client import timed as client
-from streamlab.lab import runner
+from streamlab.lab.setups import runner
 from streamlab.server.store.database import Store
 
 SCRIPTED = ("--scripted-rate", "500")  # no model: a server up in a second or two
@@ -98,7 +98,7 @@ def test_start_server_and_serve_give_each_server_a_store_that_goes_with_it(reade
 
 
 def test_servers_started_together_and_replicas_each_have_their_own(readers_data: ReadersData):
-    from streamlab.lab.replicas import start_replicas
+    from streamlab.lab.setups.replicas import start_replicas
 
     started = [*runner.start_servers({"one": SCRIPTED, "two": [*SCRIPTED, "--naive"]}).values(), *start_replicas(2)]
     try:
@@ -182,8 +182,8 @@ def test_the_report_and_the_book_steps_of_make_run_write_no_store(readers_data: 
 @pytest.mark.model
 @pytest.mark.browser
 def test_the_browser_step_of_make_run_writes_no_store(readers_data: ReadersData, tmp_path: Path, model_cache: None):
-    """``python -m streamlab.lab.browser build/screenshot-mid-stream.png --skip-if-unavailable``, as make run types it."""
-    from streamlab.lab import browser
+    """``python -m streamlab.lab.outside.browser build/screenshot-mid-stream.png --skip-if-unavailable``, as make run types it."""
+    from streamlab.lab.outside import browser
 
     assert browser.main([str(tmp_path / "shot.png"), "--max-tokens", "40", "--pieces", "4",
                          "--skip-if-unavailable"]) == 0

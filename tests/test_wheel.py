@@ -61,9 +61,10 @@ def test_an_installed_wheel_loads_the_model_and_runs_chapter_1s_first_experiment
                    check=True, capture_output=True)
     script = """
 import streamlab
-from streamlab.lab.records import load_prompts
+from streamlab.model.loading import load_model
+from streamlab.lab.results.records import load_prompts
 from streamlab.model.detokenizer import Detokenizer, NaiveDetokenizer, detokenize, broken_pieces
-lm = streamlab.load_model()
+lm = load_model()
 sentence = "Con v\u1eb9t \U0001f99c n\u00f3i: m\u00f4 h\u00ecnh sinh v\u0103n b\u1ea3n t\u1eebng token m\u1ed9t \U0001fae0"
 ids = lm.tokenizer(sentence, add_special_tokens=False)["input_ids"]
 naive = detokenize(NaiveDetokenizer(lm.tokenizer), ids)

@@ -57,7 +57,7 @@ def test_visible_writes_line_endings_out():
 
 
 def test_the_raw_event_stream_shows_every_kind_of_line(apps):
-    from streamlab.lab.wire_shown import HEAD_WHY, sse_wire_sync
+    from streamlab.lab.experiments.wire_shown import HEAD_WHY, sse_wire_sync
 
     app = apps(pauses={2: 0.3}, ping_interval=0.08)
     seen = []
@@ -82,7 +82,7 @@ def test_the_raw_event_stream_shows_every_kind_of_line(apps):
 
 
 def test_the_websocket_upgrade_and_frames_laid_out(app):
-    from streamlab.lab.wire_shown import frame_rows, websocket_wire_sync
+    from streamlab.lab.experiments.wire_shown import frame_rows, websocket_wire_sync
 
     body = {"prompt": "hi", "max_tokens": 3, "chat": False}
     wire = websocket_wire_sync(app.port, body)
@@ -100,7 +100,7 @@ def test_the_websocket_upgrade_and_frames_laid_out(app):
 
 
 def test_code_listing_leaves_docstrings_out():
-    from streamlab.lab.wire_shown import code_listing
+    from streamlab.lab.experiments.wire_shown import code_listing
     from streamlab.protocol.http_body import encode_chunk as chunk
 
     listing = code_listing(chunk)

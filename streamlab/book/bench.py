@@ -1,6 +1,6 @@
 """``make bench``: every benchmark in benchmarks/ in its own process, then one summary of every target.
 
-Each benchmark records what it measured in a :class:`streamlab.lab.measures.Report`
+Each benchmark records what it measured in a :class:`streamlab.lab.results.measures.Report`
 (the printed lines and ``build/bench/NAME.json``); this module runs them and reads
 the saved reports back. Timings are never assertions in the test suite (the
 machines are shared and noisy): a target is reported as met or missed, with by
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from streamlab.lab.measures import (
+from streamlab.lab.results.measures import (
     BENCH_DIR, Measure, _fmt, format_table,
 )
 

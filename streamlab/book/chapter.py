@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from streamlab.lab.records import (
+from streamlab.lab.results.records import (
     plain,
 )
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamlab.lab.records import NOTEBOOKS
+from streamlab.lab.results.records import NOTEBOOKS
 
 __all__ = ["PREREQUISITES", "ChapterInfo", "ExerciseRow", "chapter_info", "exercise_rows", "exercises_by_chapter"]
 

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from streamlab.lab.records import BUILD, NOTEBOOKS
+from streamlab.lab.results.records import BUILD, NOTEBOOKS
 from streamlab.book.notebooks import papermill_run
 
 EXERCISES = NOTEBOOKS / "exercises"
@@ -352,7 +352,7 @@ def scripted_server(rate: float = 100.0, **config: Any) -> Iterator[Any]:
     """
     import io
 
-    from streamlab.lab.runner import serve_in_process
+    from streamlab.lab.setups.runner import serve_in_process
     from streamlab.server.answers.scripted import ScriptedEngine
 
     quiet = io.StringIO()

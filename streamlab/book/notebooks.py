@@ -11,7 +11,7 @@ share what they measured through ``build/runs/`` (``streamlab.book.chapter.recor
 each run gets its own ``STREAMLAB_RUN_ID``, so a chapter can say that its data
 was recorded by an earlier chapter *in this run*. Its kernels also get a
 temporary ``STREAMLAB_DATA``, removed at the end: the servers the chapters
-start each have a throwaway store already (``streamlab.lab.runner``), and
+start each have a throwaway store already (``streamlab.lab.setups.runner``), and
 this keeps anything else that opens the default store out of the reader's
 own conversations too.
 
@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from streamlab.lab.records import BUILD, NOTEBOOKS, RUN_ID
-from streamlab.lab.runner import DATA
+from streamlab.lab.results.records import BUILD, NOTEBOOKS, RUN_ID
+from streamlab.lab.setups.runner import DATA
 from streamlab.net.errors import ArgumentParser, UserError
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from streamlab.lab.records import BUILD, NOTEBOOKS
+from streamlab.lab.results.records import BUILD, NOTEBOOKS
 from streamlab.book.contents import ChapterInfo, ExerciseRow, chapter_info, exercise_rows, exercises_by_chapter
 from streamlab.book.grading import exercises
 from streamlab.book.notebooks import chapters

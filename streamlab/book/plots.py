@@ -36,18 +36,12 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from streamlab.book.style import (
     BLUE,
     COLOR_OF,
-    COLORS,
     GREEN,
     GREY,
-    NOTEBOOK_WIDTH,
     ORANGE,
     PALETTE,
-    PURPLE,
-    SKY,
-    STYLE,
     THRESHOLD_STYLE,
     VERMILLION,
-    YELLOW,
     _axes,
     _hbars,
     _legend,
@@ -60,14 +54,26 @@ from streamlab.book.style import (
 from streamlab.client.metrics import READING_THRESHOLD
 
 __all__ = [
-    # the style, re-exported from streamlab.book.style
-    "BLUE", "COLORS", "COLOR_OF", "GREEN", "GREY", "NOTEBOOK_WIDTH", "ORANGE", "PALETTE", "PURPLE",
-    "READING_THRESHOLD", "SKY", "STYLE", "THRESHOLD_STYLE", "VERMILLION", "YELLOW", "color_of", "figure",
-    # the charts
-    "backpressure_timeline", "broken_by_script", "by_concurrency", "bytes_per_event", "detokenizer_cost",
-    "first_text_by_readers", "first_text_raw_vs_library", "format_costs", "gap_ecdf", "generated_vs_delivered",
-    "paired_bars", "refusal_times", "share_above", "size_leak", "stall_gaps", "stop_reasons", "timeline",
-    "truncated_reads", "ttft_chart", "upstream_after_leaving",
+    "backpressure_timeline",
+    "broken_by_script",
+    "by_concurrency",
+    "bytes_per_event",
+    "detokenizer_cost",
+    "first_text_by_readers",
+    "first_text_raw_vs_library",
+    "format_costs",
+    "gap_ecdf",
+    "generated_vs_delivered",
+    "paired_bars",
+    "refusal_times",
+    "share_above",
+    "size_leak",
+    "stall_gaps",
+    "stop_reasons",
+    "timeline",
+    "truncated_reads",
+    "ttft_chart",
+    "upstream_after_leaving",
 ]
 
 _FLOOR_MS = 1.0  # gaps shorter than this (pieces read together: a buffered burst) are drawn at it on a log axis

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from streamlab.lab.records import BUILD
+from streamlab.lab.results.records import BUILD
 from streamlab.book.style import EMOJI_FONTS
 from streamlab.net.errors import ArgumentParser, UserError
 
@@ -220,9 +220,9 @@ def screenshot(page: Path, png: Path, *, width: int = 1100, max_height: int = 16
     """Open ``page`` from disk in headless Chromium, photograph all of it, and say how its images loaded.
 
     Returns ``{"images": [naturalWidth of each <img>], "text": the page's text}``;
-    raises ``streamlab.lab.browser.BrowserUnavailable`` where there is no Chromium.
+    raises ``streamlab.lab.outside.headless.BrowserUnavailable`` where there is no Chromium.
     """
-    from streamlab.lab import headless
+    from streamlab.lab.outside import headless
 
     with headless.chromium(width=width, height=800) as driver:
         driver.get(Path(page).resolve().as_uri())
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(args.out)
     print(f"streamlab report: wrote {path}")
     if args.screenshot:
-        from streamlab.lab.headless import BrowserUnavailable
+        from streamlab.lab.outside.headless import BrowserUnavailable
 
         try:
             seen = screenshot(path, args.screenshot)

@@ -26,7 +26,6 @@ from typing import Any, Sequence
 import matplotlib.pyplot as plt
 
 from streamlab.book.figures import autosave
-from streamlab.client.metrics import READING_THRESHOLD  # the book's one threshold, defined beside the reading speed
 
 __all__ = [
     "BLUE",
@@ -39,7 +38,6 @@ __all__ = [
     "ORANGE",
     "PALETTE",
     "PURPLE",
-    "READING_THRESHOLD",
     "SKY",
     "STYLE",
     "THRESHOLD_STYLE",

@@ -39,14 +39,12 @@ from typing import Any, Callable, Coroutine, TypeVar
 from streamlab.net.aio import run_sync
 from streamlab.protocol.http_body import IncompleteBody
 from streamlab.client.timed_websocket import websocket
-from streamlab.client.tracing import ResponseRecorder, Trace, TraceEvent, last_id
+from streamlab.client.tracing import ResponseRecorder, Trace, last_id
 from streamlab.client.wire import _close, _connect, _head, _host_header, _recv, post_request, request_body
 
 __all__ = [
     "ClientError",
     "Reply",
-    "Trace",
-    "TraceEvent",
     "cancel_generation",
     "cancel_generation_sync",
     "complete",
@@ -59,11 +57,8 @@ __all__ = [
     "fetch_sync",
     "get_json",
     "get_json_sync",
-    "last_id",
     "post",
-    "post_request",
     "post_sync",
-    "request_body",
     "resume",
     "resume_sync",
     "stream",
@@ -71,7 +66,6 @@ __all__ = [
     "sync_twin",
     "wait_log",
     "wait_log_sync",
-    "websocket",
     "websocket_sync",
 ]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from streamlab.protocol import sse
 from streamlab.protocol.http_body import BodyReader, IncompleteBody
-from streamlab.protocol.http_head import Response, ResponseHeadParser
+from streamlab.protocol.http_head import FinalResponseParser, Response
 
 __all__ = ["ResponseRecorder", "Trace", "TraceEvent", "last_id", "record_message"]
 
@@ -247,7 +247,7 @@ class ResponseRecorder:
         self.last_event_id = last_event_id
         if last_event_id:
             trace.last_event_id = last_event_id
-        self.head = ResponseHeadParser()
+        self.head = FinalResponseParser()  # "100 Continue" and friends are interim: the real response follows
         self.body: BodyReader | None = None
         self.events: sse.EventStreamParser | None = None
         self.decoder: Any = None
@@ -260,11 +260,6 @@ class ResponseRecorder:
             if response is None:
                 return
             data = self.head.rest
-            if 100 <= response.status < 200 and response.status != 101:
-                # "100 Continue" and friends are interim: the real response follows.
-                self.head = ResponseHeadParser()
-                self.feed(data, t)
-                return
             self.trace.got_head(response)
             self.body = BodyReader(response, self.method)
             if (response.header("content-encoding") or "").strip().lower() in ("gzip", "x-gzip"):

@@ -19,7 +19,6 @@ __all__ = [
     "CLIENT_LEFT",
     "COMPLETE",
     "CUT_AFTER",
-    "EXECUTION_LIMIT",
     "IDLE_TIMEOUT",
     "INTERRUPTED",
     "OUTCOMES",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -26,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+from streamlab.net.processes import free_port, stop_process
 
 __all__ = [
     "CACHE_STATUS",
@@ -158,12 +159,6 @@ def _indent(text: str, spaces: int) -> str:
     return "\n\n" + textwrap.indent(text, " " * spaces) if text else ""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class NginxProcess:
     """A running nginx: where it listens and what it logged."""
@@ -214,7 +209,7 @@ def run_nginx(
     folder = Path(tempfile.mkdtemp(prefix="streamlab-nginx-"))
     process: subprocess.Popen | None = None
     try:
-        port = port or _free_port()
+        port = port or free_port()
         config = write_config(folder, port, upstream_port, buffering=buffering, extra=extra, location=location,
                               cache=cache)
         # -e: the error log before the configuration is read; the compiled-in
@@ -249,13 +244,6 @@ def _wait_until_listening(nginx: NginxProcess) -> None:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            # The master did not stop its worker in time: end the whole
-            # group we created, so no orphan worker keeps the port.
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    # If the master does not stop its workers in time, SIGKILL goes to the whole
+    # group we created, so no orphan worker keeps the port.
+    stop_process(process, 5, group=True)

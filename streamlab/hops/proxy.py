@@ -53,7 +53,7 @@ from typing import Any
 from streamlab.hops.compress import GZIP_MODES
 from streamlab.hops.exchange import CLIENT_LEFT, COMPLETE, CUT_AFTER, IDLE_TIMEOUT, UPSTREAM_CUT, UPSTREAM_ERROR, Exchange
 from streamlab.hops.forwarders import (
-    DEFAULT_BLOCK, EXECUTION_LIMIT, BlockBuffer, CuttingForwarder, choose_forwarder, cut_event, forwarder_for,
+    EXECUTION_LIMIT, BlockBuffer, CuttingForwarder, cut_event, forwarder_for,
 )
 from streamlab.hops.heads import client_response_head, is_upgrade, upstream_request_head
 from streamlab.hops.settings import (
@@ -66,18 +66,25 @@ from streamlab.protocol.endings import WRITE_FAILED
 from streamlab.protocol.http_body import BodyReader, IncompleteBody
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import (
+    FinalResponseParser,
     Request,
     RequestHeadParser,
     Response,
-    ResponseHeadParser,
     error_response,
     json_response,
 )
 
 # choose_forwarder and forwarder_for are re-exported: chapters 6 and 12 show them as the proxy's.
 __all__ = [
-    "DEFAULT_BLOCK", "LOG_PATH", "SETTINGS", "Exchange", "Proxy", "ProxyConfig", "build_parser",
-    "choose_forwarder", "config_from_args", "forwarder_for", "main", "parse_args", "serve_proxy",
+    "LOG_PATH",
+    "SETTINGS",
+    "Proxy",
+    "ProxyConfig",
+    "build_parser",
+    "config_from_args",
+    "main",
+    "parse_args",
+    "serve_proxy",
 ]
 
 log = logging.getLogger("streamlab.hops.proxy")
@@ -341,15 +348,12 @@ class Proxy:
         Interim 1xx answers (other than 101) are skipped: the whole request
         body was already sent, so a ``100 Continue`` is of no use to anyone.
         """
-        parser = ResponseHeadParser()
+        parser = FinalResponseParser()
         while True:
             data = await self._read_upstream(up_reader, exchange)
             if not data:
                 raise HTTPError(502, "upstream closed the connection without a response")
             response = parser.feed(data)
-            while response is not None and 100 <= response.status < 200 and response.status != 101:
-                rest, parser = parser.rest, ResponseHeadParser()
-                response = parser.feed(rest)
             if response is not None:
                 return response, parser.rest
 

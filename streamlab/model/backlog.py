@@ -46,7 +46,7 @@ reader a little faster, which never trips it but stays behind, is what
 stays open and the reader gets what was made and a proper ending.
 
 The counters (``queued``, ``most_queued``, ``wait_began``, ``waited``...) are
-what ``GET /debug/queues`` shows and what :mod:`streamlab.lab.backpressure`
+what ``GET /debug/queues`` shows and what :mod:`streamlab.lab.experiments.backpressure`
 measures. Everything here is thread-safe: the model's thread hands pieces over
 while the event loop takes them.
 """

@@ -335,7 +335,7 @@ class Generation(PieceSource):
 
     ``observers``: callables given each :class:`Piece` as it is handed over,
     on the driver's thread, before any wait for the reader (to time pieces
-    from the inside, as ``streamlab.lab.overhead`` does). They must be quick:
+    from the inside, as ``streamlab.lab.experiments.overhead`` does). They must be quick:
     the model waits for them.
     """
 

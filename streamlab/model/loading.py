@@ -533,24 +533,25 @@ def load_model(
     ``precision`` (else ``STREAMLAB_DTYPE``) names the decode format: see
     :func:`pick_precision`.
     """
+    display, source = resolve_model(name, cache_dir)
+    # Before torch and transformers are imported (seconds of CPU): a name that is no folder, in no cache and on
+    # no reachable hub is one line within the hub probe's 2 s, not after the imports.
+    _check_folder(source)
+    hub = hub_options(source)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
     # The clock starts after the imports: importing torch and transformers costs
     # seconds once per process, whatever model is loaded (``info`` reports it apart).
     started = time.perf_counter()
-    display, source = resolve_model(name, cache_dir)
     dev = pick_device(device)
     fmt = pick_precision(dev, precision, measured=display == DEFAULT_MODEL)
     key = (source, str(dev), fmt)
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
-        hub: dict[str, Any] = {}
         try:
-            _check_folder(source)
             code_loaded = time.perf_counter()
-            hub = hub_options(source)  # here, not later: a hub that will not answer is one line, now
             _import_model_code(source, hub)
             started += time.perf_counter() - code_loaded
             tokenizer = AutoTokenizer.from_pretrained(source, **hub)

@@ -34,22 +34,17 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from streamlab.protocol.http_body import LAST_CHUNK, BodyReader, ChunkedDecoder, IncompleteBody, encode_chunk
 from streamlab.protocol.http_fields import TOKEN, HTTPError, check_line_bytes, list_tokens, parse_header_line
 
 __all__ = [
-    "LAST_CHUNK",
     "MAX_CONTENT_LENGTH",
-    "BodyReader",
-    "ChunkedDecoder",
-    "HTTPError",
-    "IncompleteBody",
+    "FinalResponseParser",
     "Request",
     "RequestHeadParser",
     "Response",
     "ResponseHeadParser",
-    "encode_chunk",
     "error_response",
+    "is_interim",
     "json_response",
     "parse_request_head",
     "parse_response_head",
@@ -542,7 +537,7 @@ class ResponseHeadParser(_HeadParser):
     """Incremental response-head parser; the body's first bytes end up in ``.rest``.
 
     A ``100 Continue`` or other 1xx interim response is returned like any
-    other; the caller makes a new parser for the final response.
+    other; ``FinalResponseParser`` passes over them to the final response.
     """
 
     _bad_status = 502
@@ -557,3 +552,28 @@ class ResponseHeadParser(_HeadParser):
         if head is None:
             return None
         return parse_response_head(head, max_headers=self.max_headers)
+
+
+def is_interim(status: int) -> bool:
+    """A 1xx before the final response (``100 Continue``, ``103 Early Hints``); not 101, after which no HTTP follows."""
+    return 100 <= status < 200 and status != 101
+
+
+class FinalResponseParser:
+    """A ``ResponseHeadParser`` that skips interim answers: ``feed`` returns the final response; its body starts ``.rest``."""
+
+    def __init__(self, max_head: int = 65536, max_headers: int = 100) -> None:
+        self._limits = (max_head, max_headers)
+        self._head = ResponseHeadParser(*self._limits)
+
+    @property
+    def rest(self) -> bytes:
+        return self._head.rest
+
+    def feed(self, data: bytes) -> Response | None:
+        """Consume bytes; return the final ``Response`` once its head is complete, every interim one passed over."""
+        response = self._head.feed(data)
+        while response is not None and is_interim(response.status):
+            rest, self._head = self._head.rest, ResponseHeadParser(*self._limits)
+            response = self._head.feed(rest)
+        return response

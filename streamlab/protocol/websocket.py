@@ -28,56 +28,16 @@ import re
 from dataclasses import dataclass
 
 from streamlab.protocol.websocket_frames import (
-    MAX_CONTROL_PAYLOAD,
-    CloseCode,
     Frame,
     FrameDecoder,
     Opcode,
     ProtocolError,
-    apply_mask,
     encode_close_payload,
     encode_frame,
-    is_valid_close_code,
     parse_close_payload,
 )
-from streamlab.protocol.websocket_handshake import (
-    GUID,
-    HandshakeError,
-    accept_key,
-    check_server_response,
-    client_handshake,
-    new_key,
-    server_handshake_response,
-    validate_upgrade_request,
-)
 
-__all__ = [
-    "GUID",
-    "MAX_CONTROL_PAYLOAD",
-    "BinaryMessage",
-    "CloseCode",
-    "CloseReceived",
-    "Connection",
-    "Frame",
-    "FrameDecoder",
-    "HandshakeError",
-    "Opcode",
-    "Ping",
-    "Pong",
-    "ProtocolError",
-    "TextMessage",
-    "accept_key",
-    "apply_mask",
-    "check_server_response",
-    "client_handshake",
-    "encode_close_payload",
-    "encode_frame",
-    "is_valid_close_code",
-    "new_key",
-    "parse_close_payload",
-    "server_handshake_response",
-    "validate_upgrade_request",
-]
+__all__ = ["BinaryMessage", "CloseReceived", "Connection", "Ping", "Pong", "TextMessage"]
 
 # --------------------------------------------------------------------------
 # Messages: a sans-I/O connection

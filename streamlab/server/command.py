@@ -11,6 +11,7 @@ import sys
 from typing import Any, Callable, Coroutine, TypeVar
 
 from streamlab.net.errors import UserError
+from streamlab.net.processes import raise_open_files_limit
 from streamlab.server.app import Server
 from streamlab.server.config import ServerConfig, config_from_args, parse_args
 from streamlab.net.serving import serve_until_signalled
@@ -108,25 +109,6 @@ def bind_load_serve(server: Server, load: Callable[[], Any] | None, *, exit_on_s
             runner.run(server.shutdown())
             raise
         return runner.run(_serve(server, lm, exit_on_stdin_eof=exit_on_stdin_eof))
-
-
-def raise_open_files_limit(needed: int) -> int:
-    """Raise this process's soft limit on open files toward ``needed`` (at most the hard limit); return it.
-
-    Every connection is a file descriptor, and the usual soft limit (1,024)
-    would refuse the thousand-and-first reader with ``EMFILE`` long before
-    ``--max-connections``. The hard limit is as far as a process may go.
-    """
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return needed
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        soft = new
-    return soft
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ Linux only, else None). For each running generation: its tokens and its
 :class:`~streamlab.model.backlog.Backlog` counters (pieces queued now, the most
 queued, how long it has been waiting for its reader). For each reader waiting
 in line for a generation: its place and how long it has waited. And the
-process's resident memory. :mod:`streamlab.lab.backpressure` samples it a few times a
+process's resident memory. :mod:`streamlab.lab.experiments.backpressure` samples it a few times a
 second; anyone can ``curl`` it.
 
 The handler passes in the connections and generations to report, so that

@@ -13,7 +13,7 @@ Each answer is a :class:`ScriptedGeneration`: the i-th piece is due at
 ones back, so the schedule never drifts). It runs on the event loop as one
 timer callback per stream (``loop.call_at``), no task and no thread: 5,000
 streams are 5,000 entries in the loop's timer heap. The rivals in
-:mod:`streamlab.lab.rivals` serve this very class, so every server in the
+:mod:`streamlab.lab.outside.rivals` serve this very class, so every server in the
 benchmark streams the same words on the same schedule.
 """
 

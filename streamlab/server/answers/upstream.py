@@ -4,7 +4,7 @@
 with ``"stream": true`` and reads the SSE answer as it arrives, one ``Piece``
 per chunk whose ``choices[0].delta.content`` is not empty. It runs as a task on
 the event loop (the waiting is network I/O, not computation), over the
-project's own sans-IO parsers: ``ResponseHeadParser``, ``BodyReader``
+project's own sans-IO parsers: ``FinalResponseParser``, ``BodyReader``
 (chunked, Content-Length or close-delimited) and ``EventStreamParser``.
 
 The abort is propagated: ``stop()`` aborts the connection at once, so the
@@ -35,7 +35,7 @@ from streamlab.model.lifecycle import GenerationResult, Piece
 from streamlab.model.generation import PieceQueue, PieceSource
 from streamlab.protocol.http_body import BodyReader, IncompleteBody
 from streamlab.protocol.http_fields import HTTPError
-from streamlab.protocol.http_head import ResponseHeadParser
+from streamlab.protocol.http_head import FinalResponseParser
 from streamlab.protocol.http_fields import list_tokens
 from streamlab.protocol.sse import DONE, EventStreamParser, ProtocolError
 from streamlab.protocol.endings import EOS, ERROR, MAX_TOKENS, STOPPED
@@ -308,16 +308,13 @@ class UpstreamGeneration(PieceSource):
         assert self._writer is not None
         self._writer.write(self._request())
         await asyncio.wait_for(self._writer.drain(), self.connect_timeout)
-        parser = ResponseHeadParser()
+        parser = FinalResponseParser()
         response = None
         while response is None:
             data = await self._read()
             if not data:
                 raise UpstreamError(f"upstream {self.url} closed the connection without an answer")
             response = parser.feed(data)
-            while response is not None and 100 <= response.status < 200:
-                rest, parser = parser.rest, ResponseHeadParser()
-                response = parser.feed(rest)
         self.upstream_status = response.status
         if 200 <= response.status < 300:
             assert self._answered is not None

@@ -53,36 +53,20 @@ from typing import Callable, Iterator
 
 # Why an answer ended: the stop reasons of the whole project, defined once in protocol/endings.py.
 from streamlab.protocol.endings import (
-    CLIENT_LEFT,
-    COMPLETED,
-    ERROR,
     INCOMPLETE_REASONS,
     INTERRUPTED,
-    MAX_TOKENS,
-    SLOW_READER,
     STOP_REASONS,
-    STOPPED,
-    stop_reason_for,
 )
 from streamlab.server.store.answers import AnswerWriter, FlushRounds
 from streamlab.server.store.file import CHOOSE, make_folder, opening
 from streamlab.net.errors import UserError
 from streamlab.server.store.schema import (
     _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
-    STALE_AFTER_MIN_S, STALE_FLUSHES, STREAMING, Conversation, Lease, Message, Owner, _lease, _message,
+    STALE_FLUSHES, STREAMING, Conversation, Message, Owner, _lease, _message,
     default_path, process_exists, stale_after,
 )
 
-__all__ = [
-    # the stop reasons, from streamlab.protocol.endings
-    "CLIENT_LEFT", "COMPLETED", "ERROR", "INCOMPLETE_REASONS", "INTERRUPTED", "MAX_TOKENS", "SLOW_READER",
-    "STOP_REASONS", "STOPPED", "stop_reason_for",
-    # what the file holds, from streamlab.server.store.schema
-    "CUT_OFF_MARKER", "CUT_OFF_WORDS", "DONE", "LEASE_COLUMNS", "MIGRATIONS", "SCHEMA_VERSION",
-    "STALE_AFTER_MIN_S", "STALE_FLUSHES", "STREAMING", "Conversation", "Lease", "Message", "Owner", "default_path",
-    # reading and writing it
-    "BUSY_TIMEOUT_MS", "AnswerWriter", "Store",
-]
+__all__ = ["BUSY_TIMEOUT_MS", "Store"]
 
 BUSY_TIMEOUT_MS = 5000  # wait this long for another process's write lock before failing
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from streamlab.net.errors import UserError
 from streamlab.server.config import flag
 
-__all__ = ["CHOOSE", "UserError", "make_folder", "opening", "unusable"]
+__all__ = ["CHOOSE", "make_folder", "opening", "unusable"]
 
 # The fix for every unusable file.
 CHOOSE = f"choose another file with {flag('db_path')}, or another folder with STREAMLAB_DATA"

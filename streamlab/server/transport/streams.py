@@ -22,13 +22,13 @@ from streamlab.protocol.http_body import LAST_CHUNK, encode_chunk
 from streamlab.protocol.http_head import Request, response_head
 from streamlab.server.transport.connection import ClientConnection, until_client_leaves
 from streamlab.net.serving import ClientGone
-from streamlab.server.transport.events import Event, dumps
+from streamlab.server.transport.events import Event
 
 if TYPE_CHECKING:
     pass
 
 # Event and dumps moved to events.py; named here too, so that imports from streams keep working.
-__all__ = ["Event", "EventStream", "dumps"]
+__all__ = ["EventStream"]
 
 
 class EventStream:

@@ -9,7 +9,7 @@ its schedule (50 ms at 20 tokens/s), server CPU seconds per 10,000 events,
 memory per open stream.
 
 The load comes from another process, :func:`drive` (``python -m
-streamlab.lab.many_streams drive ...``, printing JSON), so that the driver's CPU
+streamlab.lab.experiments.many_streams drive ...``, printing JSON), so that the driver's CPU
 is not counted as the server's (psutil reads the server's ``cpu_times`` from
 outside). It opens N connections from one process with raw asyncio protocols
 (an HTTP client library costs more per event than the server being measured),
@@ -19,7 +19,7 @@ streams are counted SSE events (``\\n\\n``) or WebSocket messages (decoded
 by :mod:`streamlab.protocol.websocket`); nothing else is parsed.
 
 :func:`compare` runs, one server process per run, streamlab's ``/stream``
-and ``/ws`` and the rivals of :mod:`streamlab.lab.rivals` (uvicorn + Starlette,
+and ``/ws`` and the rivals of :mod:`streamlab.lab.outside.rivals` (uvicorn + Starlette,
 uvicorn + sse-starlette, the websockets library) at the same levels, and
 returns one row per run; ``benchmarks/many_streams.py`` prints them. Every
 server, and the driver, run on one event loop (uvloop where installed, else
@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from streamlab.client.metrics import percentile
+from streamlab.net.processes import raise_open_files_limit
 from streamlab.protocol import websocket as ws, websocket_frames, websocket_handshake
 
 PROMPT = "Tell me about the keeper of the lighthouse."
@@ -79,27 +81,6 @@ def default_loop() -> str:
     except ImportError:
         return "asyncio"
     return "uvloop"
-
-
-def raise_open_files_limit(needed: int | None = None) -> int:
-    """Raise the soft limit on open files toward ``needed`` (default: the hard limit); return it.
-
-    Each connection is a descriptor, on both ends: 5,000 streams need more
-    than the usual soft limit of 1,024.
-    """
-    try:
-        import resource
-    except ImportError:
-        return needed or 0
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if needed is None else needed
-    if want == resource.RLIM_INFINITY:
-        want = 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        soft = new
-    return soft
 
 
 # --------------------------------------------------------------------------
@@ -294,16 +275,6 @@ async def _run_streams(protocol: str, host: str, port: int, path: str, n: int, t
 # --------------------------------------------------------------------------
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) of sorted values, interpolated; NaN for none."""
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _at(samples: list[tuple[float, float, int]], t: float, index: int) -> float:
     """A sampled series (time, cpu, rss) read at time ``t``, linearly between the samples around it."""
     before = [s for s in samples if s[0] <= t]
@@ -466,12 +437,12 @@ def drive_sync(port: int, **kwargs: Any) -> dict[str, Any]:
 def server_command(server: str, rate: float, streams: int, db: str, loop: str = "asyncio") -> list[str]:
     """How each contender is started (``--port 0``, ready line on stdout), on the event loop ``loop``."""
     if server in ("streamlab", "streamlab-ws"):
-        from streamlab.lab.runner import server_command as streamlab_command
+        from streamlab.lab.setups.runner import server_command as streamlab_command
 
         room = str(max(10_000, 2 * streams))
         return streamlab_command("--scripted-rate", f"{rate:g}", "--max-active", room, "--max-connections", room,
                                  "--db", db, "--loop", loop)
-    return [sys.executable, "-m", "streamlab.lab.rivals", RIVAL_KINDS[server], "--port", "0", "--rate", f"{rate:g}",
+    return [sys.executable, "-m", "streamlab.lab.outside.rivals", RIVAL_KINDS[server], "--port", "0", "--rate", f"{rate:g}",
             "--exit-on-stdin-eof", "--loop", loop]
 
 
@@ -482,14 +453,14 @@ def run_one(server: str, streams: int, *, tokens: int = 60, rate: float = 20.0, 
     A fresh process per run: memory once allocated stays with a Python
     process, so a run after a bigger one would look cheaper than it is.
     """
-    from streamlab.lab.runner import _child_env, start_process
+    from streamlab.lab.setups.runner import _child_env, start_process
 
     protocol, path = SERVERS[server]
     with tempfile.TemporaryDirectory(prefix="streamlab-many-") as folder:
         running = start_process(server_command(server, rate, streams, os.path.join(folder, "bench.db"), loop),
                                 name=f"many-{server}", ready_timeout=120)
         try:
-            cmd = [sys.executable, "-m", "streamlab.lab.many_streams", "drive", "--port", str(running.port),
+            cmd = [sys.executable, "-m", "streamlab.lab.experiments.many_streams", "drive", "--port", str(running.port),
                    "--protocol", protocol, "--path", path, "--streams", str(streams), "--tokens", str(tokens),
                    "--rate", f"{rate:g}", "--spread", f"{spread:g}", "--server-pid", str(running.process.pid),
                    "--warmup", str(warmup), "--gap-sample", str(gap_sample), "--loop", loop]
@@ -568,7 +539,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streamlab.lab.many_streams",
+    p = argparse.ArgumentParser(prog="python -m streamlab.lab.experiments.many_streams",
                                 description="Drive many concurrent streams at a server; print the figures as JSON.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("drive", help="open N streams against a running server (run from its own process)")

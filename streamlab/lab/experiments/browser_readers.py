@@ -20,7 +20,7 @@ import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
-from streamlab.lab.headless import wait_for
+from streamlab.lab.outside.headless import wait_for
 from streamlab.protocol.http_head import parse_request_head
 
 if TYPE_CHECKING:

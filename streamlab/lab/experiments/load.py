@@ -20,7 +20,7 @@ reader's TPOT grows ~N times, and total tokens/s stays that of one stream.
 Batched, one step makes a token for all N for little more than the price of
 one: TPOT grows slowly and total tokens/s grows with N.
 
-    from streamlab.lab.load import measure
+    from streamlab.lab.experiments.load import measure
     report = measure(concurrency=(1, 2, 4, 8), tokens=32)   # a Report: tables, figures, report.data
 """
 
@@ -31,10 +31,9 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from streamlab.client.metrics import READING_THRESHOLD  # the book's one threshold
+from streamlab.client.metrics import READING_THRESHOLD, percentile  # READING_THRESHOLD: the book's one threshold
 from streamlab.net.aio import run_sync
-from streamlab.lab.measures import Report
-from streamlab.lab.overhead import percentile
+from streamlab.lab.results.measures import Report
 
 ENGINES = ("threads", "batched")
 # Servers measured as they are, not given room: ``default`` is ``serve`` with no flags at all (the
@@ -137,7 +136,7 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
 
     Each engine gets a server process of its own (``python -m streamlab
     serve``), or, given ``lm``, a server in this process over that model
-    (:func:`streamlab.lab.runner.serve_in_process`): what a chapter that has
+    (:func:`streamlab.lab.setups.runner.serve_in_process`): what a chapter that has
     the model loaded does, without seconds of starting and loading.
     """
     report = report or Report("load", params={"concurrency": list(concurrency), "tokens": tokens,
@@ -146,7 +145,7 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
                               quiet=quiet)
     say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
     if lm is not None:
-        from streamlab.lab.runner import serve_in_process
+        from streamlab.lab.setups.runner import serve_in_process
 
         results, n = {}, room(concurrency)
         for engine in engines:
@@ -157,7 +156,7 @@ def measure(concurrency: Sequence[int] = CONCURRENCY, tokens: int = TOKENS, engi
     else:
         # Every engine's server starts at once (loading the model is seconds of mostly waiting); they
         # are measured one after the other, so an idle one costs the other nothing.
-        from streamlab.lab.runner import start_servers
+        from streamlab.lab.setups.runner import start_servers
 
         servers = start_servers({engine: serve_args(engine, concurrency) for engine in engines})
         try:

@@ -1,8 +1,8 @@
 """The same scripted source served by other people's servers: the yardstick for ours.
 
-    python -m streamlab.lab.rivals starlette     --port 0 --rate 20   # uvicorn + Starlette's StreamingResponse
-    python -m streamlab.lab.rivals sse-starlette --port 0 --rate 20   # uvicorn + sse-starlette's EventSourceResponse
-    python -m streamlab.lab.rivals websockets    --port 0 --rate 20   # the websockets library's asyncio server
+    python -m streamlab.lab.outside.rivals starlette     --port 0 --rate 20   # uvicorn + Starlette's StreamingResponse
+    python -m streamlab.lab.outside.rivals sse-starlette --port 0 --rate 20   # uvicorn + sse-starlette's EventSourceResponse
+    python -m streamlab.lab.outside.rivals websockets    --port 0 --rate 20   # the websockets library's asyncio server
     ... --loop uvloop                                                 # on uvloop instead of asyncio's own loop
 
 Each serves :class:`streamlab.server.answers.scripted.ScriptedGeneration`, the very
@@ -25,7 +25,7 @@ for the record). The HTTP parser stays h11, pure Python like ours:
 httptools (C) would compare parsers, not servers.
 
 Each prints ``rivals: listening on http://127.0.0.1:PORT`` when ready, the
-line :func:`streamlab.lab.runner.start_process` waits for.
+line :func:`streamlab.lab.setups.runner.start_process` waits for.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _load_and_freeze(kind: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streamlab.lab.rivals",
+    p = argparse.ArgumentParser(prog="python -m streamlab.lab.outside.rivals",
                                 description="Serve the scripted source with someone else's server.")
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--host", default="127.0.0.1")
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)")
     p.add_argument("--loop", choices=LOOPS, default="asyncio", help="the event loop (as serve's --loop)")
     args = p.parse_args(argv)
-    from streamlab.lab.many_streams import raise_open_files_limit
+    from streamlab.net.processes import raise_open_files_limit
     from streamlab.server.command import loop_factory, run_on_loop
 
     loop_factory(args.loop)  # not installed: said before anything starts

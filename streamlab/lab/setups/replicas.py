@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from streamlab.hops.nginx import NginxProcess, run_nginx
-from streamlab.lab.runner import RunningServer, start_process, start_servers
+from streamlab.lab.setups.runner import RunningServer, start_process, start_servers
 from streamlab.server.resources.shared_log import open_client
 from streamlab.server.resources.worker import Worker
 

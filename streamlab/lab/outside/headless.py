@@ -7,8 +7,6 @@ system's Chromium and its matching chromedriver (Debian: ``apt-get install
 chromium chromium-driver``) and never let selenium download a browser or a
 driver: the machines this runs on may have no internet. When either is
 missing, ``unavailable_reason`` says why, so a test can skip instead of fail.
-
-``streamlab.lab.browser`` re-exports every name here.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from streamlab.client.timed import ClientError, get_json_sync
 from streamlab.model.loading import ModelError, embedded_gguf
-from streamlab.lab.runner import REPO, die_with_parent, free_port, stop_process
+from streamlab.lab.results.records import REPO
+from streamlab.net.processes import die_with_parent, free_port, stop_process
 
 __all__ = ["ENGINE_VENV", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path", "llama_server_command",
            "unavailable_reason"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from streamlab.lab.records import BUILD
+from streamlab.lab.results.records import BUILD
 
 # Where reports go; the test suite points this elsewhere so a tiny run never replaces a real one.
 BENCH_DIR = Path(os.environ.get("STREAMLAB_BENCH_DIR") or BUILD / "bench")

@@ -3,9 +3,9 @@
 Three tables, each in its own module and each case named by the public
 suite it follows:
 
-    conformance_sse.py   web-platform-tests' eventsource/format-* cases (and a few of the standard's own steps)
-    conformance_ws.py    Autobahn|Testsuite's WebSocket cases, groups 1-7, 9 and 10
-    conformance_http.py  RFC 9112's request-smuggling shapes (llhttp, h11, the HTTP Garden)
+    eventsource.py   web-platform-tests' eventsource/format-* cases (and a few of the standard's own steps)
+    autobahn.py      Autobahn|Testsuite's WebSocket cases, groups 1-7, 9 and 10
+    http_framing.py  RFC 9112's request-smuggling shapes (llhttp, h11, the HTTP Garden)
 
 ``run_all`` runs them here, in the process, with no socket: the event
 stream through the parser and the client's recorder, every WebSocket case
@@ -20,44 +20,44 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from streamlab.lab import conformance_http, conformance_sse, conformance_ws
+from streamlab.lab.conformance import autobahn, eventsource, http_framing
 
 __all__ = ["run_all"]
 
 
 def _sse() -> list[dict[str, Any]]:
     groups: dict[str, Counter] = {}
-    for case in conformance_sse.CASES:
+    for case in eventsource.CASES:
         group = "wpt eventsource/format-*" if case.id.startswith("format-") else "the WHATWG algorithm's own steps"
         tally = groups.setdefault(group, Counter())
         tally["cases"] += 1
-        tally["passed"] += all(not conformance_sse.run(case, way) for way in conformance_sse.WAYS)
+        tally["passed"] += all(not eventsource.run(case, way) for way in eventsource.WAYS)
     return [{"suite": "event stream (web-platform-tests)", "group": group, "cases": t["cases"], "passed": t["passed"],
              "non-strict": 0, "how": "whole, split at every byte, byte by byte; parser and client"}
             for group, t in groups.items()]
 
 
 def _ws() -> list[dict[str, Any]]:
-    tallies: dict[int, Counter] = {group: Counter() for group in conformance_ws.GROUPS}
-    for case in conformance_ws.CASES:
+    tallies: dict[int, Counter] = {group: Counter() for group in autobahn.GROUPS}
+    for case in autobahn.CASES:
         script = case.build()
-        out = conformance_ws.run_echo(script)
+        out = autobahn.run_echo(script)
         tally = tallies[case.group]
         tally["cases"] += 1
-        if not conformance_ws.check(script, out):
+        if not autobahn.check(script, out):
             tally["passed"] += 1
-            tally["non-strict"] += not conformance_ws.strict(script, out)
-    return [{"suite": "WebSocket (Autobahn|Testsuite)", "group": f"{group}: {conformance_ws.GROUPS[group]}",
+            tally["non-strict"] += not autobahn.strict(script, out)
+    return [{"suite": "WebSocket (Autobahn|Testsuite)", "group": f"{group}: {autobahn.GROUPS[group]}",
              "cases": t["cases"], "passed": t["passed"], "non-strict": t["non-strict"],
              "how": "Connection as Autobahn's echo server"} for group, t in tallies.items()]
 
 
 def _http() -> list[dict[str, Any]]:
     groups: dict[str, Counter] = {}
-    for case in conformance_http.CASES:
+    for case in http_framing.CASES:
         tally = groups.setdefault(case.group, Counter())
         tally["cases"] += 1
-        tally["passed"] += all(not conformance_http.run(case, way) for way in conformance_http.WAYS)
+        tally["passed"] += all(not http_framing.run(case, way) for way in http_framing.WAYS)
     return [{"suite": "HTTP/1.1 framing (RFC 9112)", "group": group, "cases": t["cases"], "passed": t["passed"],
              "non-strict": 0, "how": "whole, split at every byte, byte by byte; head parser and body reader"}
             for group, t in groups.items()]

@@ -454,7 +454,7 @@ def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, 
             rows.append(_row(CUT, OURS, fmt, trace.text, whole, raised=None, stop_reason=ending(trace),
                              told=not trace.complete))
         if relay:
-            from streamlab.lab.runner import start_server
+            from streamlab.lab.setups.runner import start_server
 
             own_guard = guard is None
             guard = start_server("--upstream", hop.url) if own_guard else guard
@@ -547,7 +547,7 @@ def start_model_servers(model_args: list[str], llama: Any = None, llama_missing:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from streamlab.lab.runner import start_server
+    from streamlab.lab.setups.runner import start_server
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         server_start = pool.submit(start_server, *model_args)

@@ -23,7 +23,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlab.lab.runner import die_with_parent, free_port
+from streamlab.net.processes import die_with_parent, free_port, stop_process
 
 START_TIMEOUT = 10.0
 _RUNNING: set[subprocess.Popen] = set()
@@ -60,13 +60,7 @@ class RedisProcess:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process, 5)
     _RUNNING.discard(process)
 
 

@@ -8,21 +8,16 @@ matching chromedriver (Debian: ``apt-get install chromium chromium-driver``)
 and never let selenium download a browser or a driver: the machines this
 runs on may have no internet.
 
-    with chromium() as driver:
+    with headless.chromium() as driver:
         driver.get(server.url)
+        browser.send_prompt(driver, "Hello")
 
-    python -m streamlab.lab.browser build/screenshot-mid-stream.png
-
-``cross_site_attempt(port)`` shows the other side: what a page of another
-local origin, in the same browser, can make the server do (nothing, when its
-Host, Content-Type and Origin checks hold), as a table of attempts.
+    python -m streamlab.lab.outside.browser build/screenshot-mid-stream.png
 
 This module holds what a reader does on the page (type, send, watch the
-pieces arrive) and the screenshot. Finding and starting Chromium is in
-``streamlab.lab.headless``; the cross-site experiment in
-``streamlab.lab.cross_site``. Their names are re-exported here, so
-``from streamlab.lab import browser`` then ``browser.chromium`` or
-``browser.cross_site_attempt`` keeps working.
+pieces arrive) and the screenshot. Finding and starting Chromium is
+``streamlab.lab.outside.headless``'s; what a page of another local origin can
+make the server do is ``streamlab.lab.experiments.cross_site``'s.
 """
 
 from __future__ import annotations
@@ -34,46 +29,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamlab.lab.cross_site import (
-    ATTACK_PROMPT,
-    CROSS_SITE_ATTEMPTS,
-    attacker_page,
-    cross_site_attempt,
-    network_summary,
-    serving_page,
-)
-from streamlab.lab.headless import (
-    CHROMIUM_FLAGS,
-    BrowserUnavailable,
-    chromium,
-    find_chromium,
-    unavailable_reason,
-    wait_for,
-)
+from streamlab.lab.outside.headless import BrowserUnavailable, chromium, wait_for
 
 if TYPE_CHECKING:  # selenium is a test dependency; importing this module must not need it
     from selenium.webdriver import Chrome
 
 __all__ = [
-    "ATTACK_PROMPT",
-    "CHROMIUM_FLAGS",
-    "CROSS_SITE_ATTEMPTS",
     "DEFAULT_PROMPT",
     "DEFAULT_SCREENSHOT",
-    "BrowserUnavailable",
-    "attacker_page",
-    "chromium",
-    "cross_site_attempt",
-    "find_chromium",
     "main",
-    "network_summary",
     "page_state",
     "pieces_received",
     "screenshot_mid_stream",
     "send_prompt",
-    "serving_page",
-    "unavailable_reason",
-    "wait_for",
 ]
 
 DEFAULT_SCREENSHOT = Path("build") / "screenshot-mid-stream.png"
@@ -124,7 +92,7 @@ def screenshot_mid_stream(
     temporary folder: the screenshot shows one new conversation. Given a
     ``url``, use the server already there instead.
     """
-    from streamlab.lab import runner
+    from streamlab.lab.setups import runner
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +129,7 @@ def _screenshot(url: str, out: Path, prompt: str, max_tokens: int, pieces: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamlab.lab.browser",
+        prog="python -m streamlab.lab.outside.browser",
         description="Screenshot the page while an answer streams into it (headless Chromium).",
     )
     parser.add_argument("out", nargs="?", default=str(DEFAULT_SCREENSHOT), help="PNG to write")
@@ -180,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             args.out, prompt=args.prompt, max_tokens=args.max_tokens, pieces=args.pieces, url=args.url
         )
     except BrowserUnavailable as err:
-        print(f"streamlab.lab.browser: no screenshot: {err}", file=sys.stderr)
+        print(f"streamlab.lab.outside.browser: no screenshot: {err}", file=sys.stderr)
         return 0 if args.skip_if_unavailable else 2
-    print(f"streamlab.lab.browser: wrote {path}")
+    print(f"streamlab.lab.outside.browser: wrote {path}")
     return 0
 
 

@@ -13,7 +13,7 @@ import time
 from streamlab.model.generation import Generation
 from streamlab.model import cpu_kinds
 from streamlab.model.loading import DEFAULT_MODEL, cpu_default, default_cache_dir, load_model
-from streamlab.lab.records import load_prompts
+from streamlab.lab.results.records import load_prompts
 from streamlab.net.errors import ArgumentParser
 
 def first_prompt() -> str:

@@ -35,9 +35,9 @@ from streamlab.client import timed
 from streamlab.client.event_source import EventSourceRun, event_source
 from streamlab.client.timed_websocket import websocket
 from streamlab.hops.nginx import NginxProcess
-from streamlab.lab.redis_server import RedisProcess, run_redis
-from streamlab.lab.replicas import run_balancer, start_replicas, start_workers
-from streamlab.lab.runner import RunningServer
+from streamlab.lab.outside.redis_server import RedisProcess, run_redis
+from streamlab.lab.setups.replicas import run_balancer, start_replicas, start_workers
+from streamlab.lab.setups.runner import RunningServer
 
 PROMPT = "Write a short note to a friend about a walk by the sea."
 

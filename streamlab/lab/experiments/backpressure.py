@@ -32,7 +32,7 @@ at 1 KB/s each ``drain()`` needs ~48 s to empty 48 KiB, so the default 30 s
 would abort the reader in every run and hide the policy being measured
 (:func:`default_policy` keeps it, to show exactly that).
 
-:func:`report` turns the result into a :class:`streamlab.lab.measures.Report`
+:func:`report` turns the result into a :class:`streamlab.lab.results.measures.Report`
 (figures per policy, one table, the time series in ``report.data``);
 ``benchmarks/backpressure.py`` prints and saves it.
 """
@@ -207,12 +207,12 @@ def _server(policy: Policy, lm: Any = None, server_args: Sequence[str] = ()) -> 
     folder = tempfile.mkdtemp(prefix="streamlab-backpressure-")
     db = os.path.join(folder, "streamlab.db")  # a throwaway store: these answers are nobody's
     if lm is None:
-        from streamlab.lab import runner
+        from streamlab.lab.setups import runner
 
         with runner.serve(*policy.flags(), "--db", db, *server_args) as running:
             yield running.port
         return
-    from streamlab.lab.runner import serve_in_process
+    from streamlab.lab.setups.runner import serve_in_process
 
     with serve_in_process(lm, db_path=db, **policy.config()) as server:
         yield server.port
@@ -365,7 +365,7 @@ SERIES = ("t", "tokens", "read_pieces", "queued", "transport_bytes", "kernel_byt
 
 
 def report(result: dict[str, Any], *, params: dict[str, Any] | None = None, quiet: bool = False) -> Any:
-    """The runs as a :class:`streamlab.lab.measures.Report` named ``backpressure``.
+    """The runs as a :class:`streamlab.lab.results.measures.Report` named ``backpressure``.
 
     Per policy: tokens generated and pieces read at the end (and their ratio,
     how far the model ran ahead), the peak queue, the peak transport and
@@ -373,7 +373,7 @@ def report(result: dict[str, Any], *, params: dict[str, Any] | None = None, quie
     for its reader. One table of all of it; each run's time series in
     ``report.data["series"][policy]`` for the charts.
     """
-    from streamlab.lab.measures import Report
+    from streamlab.lab.results.measures import Report
 
     rep = Report("backpressure", params={**result["params"], **(params or {})}, quiet=quiet)
     rows = []

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "data"  # the repository's copy; the package's own is read by load_prompts
 NOTEBOOKS = REPO / "notebooks"
 BUILD = REPO / "build"

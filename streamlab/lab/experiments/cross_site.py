@@ -7,8 +7,6 @@ reading the conversations, a WebSocket. The result is a table of attempts:
 what the page saw, what went over the wire (from Chromium's network log),
 and what the server generated or stored meanwhile (nothing, when its Host,
 Content-Type and Origin checks hold).
-
-``streamlab.lab.browser`` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from http import HTTPStatus
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from streamlab.lab.headless import chromium, wait_for
+from streamlab.lab.outside.headless import chromium, wait_for
 
 __all__ = [
     "ATTACK_PROMPT",

@@ -20,53 +20,32 @@ the same store, after a ``kill -9``) or the caller's ``env`` names a
 ``STREAMLAB_DATA`` of its own. The page's sidebar lists what the reader said, not what
 the book measured. ``python -m streamlab serve`` typed by hand keeps its
 store in the data folder, as before.
+
+Starting a command and waiting for its ready line, stopping it, a free port:
+``streamlab.net.processes``, which every layer that starts a program shares.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import queue
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from streamlab.client.timed import get_json_sync
+from streamlab.lab.results.records import REPO
+from streamlab.net.processes import READY_LINE, log_tail, start_and_wait, stop_process
 
-LISTENING = re.compile(r"listening on (http://[^\s:/]+:(\d+))")
-REPO = Path(__file__).resolve().parents[2]
 DATA = "STREAMLAB_DATA"  # the folder of a server's store when no --db names its file
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (prefer ``--port 0`` where possible: no race)."""
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def die_with_parent() -> None:
-    """A ``preexec_fn``: in the child, before exec, have Linux SIGTERM it when its parent dies, even by SIGKILL.
-
-    ``PR_SET_PDEATHSIG``: a daemon we start (redis-server, llama.cpp's server)
-    goes with a killed kernel instead of running on for nobody. Elsewhere it
-    does nothing.
-    """
-    import ctypes
-    from contextlib import suppress
-
-    with suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 @dataclass
@@ -91,7 +70,7 @@ class RunningServer:
 
     def stderr(self, last: int = 4000) -> str:
         """The tail of what the process wrote to stderr."""
-        return _tail(self.log_path, last)
+        return log_tail(self.log_path, last)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit code. Its throwaway store goes with it."""
@@ -115,30 +94,6 @@ class RunningServer:
     def _remove_store(self) -> None:
         if self.data_dir is not None and self.process.poll() is not None:
             remove_store(self.data_dir)
-
-
-def _tail(path: Path, last: int) -> str:
-    try:
-        return path.read_bytes()[-last:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _pump_stdout(process: subprocess.Popen, lines: list[str], found: queue.Queue,
-                 ready: re.Pattern = LISTENING) -> None:
-    """Read the child's stdout for as long as it lives: report the ready line, keep the rest.
-
-    Draining it matters even after readiness: a child whose stdout pipe fills
-    up blocks on its next print.
-    """
-    assert process.stdout is not None
-    for raw in process.stdout:
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        lines.append(line)
-        match = ready.search(line)
-        if match:
-            found.put((match.group(1), int(match.group(2))))
-    found.put(None)  # EOF: the process closed stdout, most likely by exiting
 
 
 # Throwaway stores not yet removed, with the process that uses each: at exit, those whose process has ended go
@@ -190,7 +145,7 @@ def start_process(
     ready_timeout: float = 180.0,
     env: dict[str, str] | None = None,
     name: str = "streamlab",
-    ready: re.Pattern = LISTENING,
+    ready: re.Pattern = READY_LINE,
 ) -> RunningServer:
     """Start ``cmd_args`` and wait for its ``listening on`` line (or another, ``ready``: a URL and its port).
 
@@ -205,58 +160,28 @@ def start_process(
     """
     chosen = names_a_store(cmd_args) or (env is not None and env.get(DATA) not in (None, os.environ.get(DATA)))
     data_dir = None if chosen else throwaway_store(name)
-    log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
+
+    def started(process: subprocess.Popen) -> None:
+        if data_dir is not None:
+            with _STORES_LOCK:
+                _STORES[data_dir] = process
+
     try:
-        process = subprocess.Popen(
-            list(cmd_args),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=_child_env(env, data_dir),
-        )
+        up = start_and_wait(cmd_args, env=_child_env(env, data_dir), name=name, ready=ready,
+                            ready_timeout=ready_timeout, started=started)
     except BaseException:
-        log.close()
         if data_dir is not None:
-            remove_store(data_dir)
+            _remove_store_if_ended(data_dir)
         raise
-    log.close()
-    if data_dir is not None:
-        with _STORES_LOCK:
-            _STORES[data_dir] = process
-    lines: list[str] = []
-    found: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump_stdout, args=(process, lines, found, ready), daemon=True).start()
-    try:
-        ready = found.get(timeout=ready_timeout)
-        why = "exited before it was ready" if ready is None else ""
-    except queue.Empty:
-        ready, why = None, f"was not listening after {ready_timeout:.0f} s"
-    if ready is None:
-        code = stop_process(process)
-        if data_dir is not None:
-            remove_store(data_dir)
-        raise RuntimeError(
-            f"{' '.join(cmd_args)} {why} (exit code {code}).\n"
-            f"--- stderr (tail) ---\n{_tail(Path(log.name), 4000)}"
-        )
-    url, port = ready
-    return RunningServer(port, url, process, tuple(cmd_args), Path(log.name), lines, data_dir)
+    return RunningServer(up.port, up.url, up.process, tuple(cmd_args), up.log_path, up.stdout_lines, data_dir)
 
 
-def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> int | None:
-    """Ask politely (SIGTERM and stdin EOF), wait, then insist (SIGKILL)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    if process.stdin is not None:
-        try:
-            process.stdin.close()
-        except OSError:
-            pass
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait(timeout)
+def _remove_store_if_ended(folder: Path) -> None:
+    """A store whose process never started, or has ended (stopped when it was not ready), goes now."""
+    with _STORES_LOCK:
+        process = _STORES.get(folder)
+    if process is None or process.poll() is not None:
+        remove_store(folder)
 
 
 def server_command(*args: str) -> list[str]:
@@ -306,7 +231,7 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
 
     ``lm`` is what ``Server`` takes: a loaded model, a fake one, or a token
     source (a wrapper that watches every generation, as
-    ``streamlab.lab.overhead`` uses). The server runs on an event loop of its
+    ``streamlab.lab.experiments.overhead`` uses). The server runs on an event loop of its
     own, in a thread, on a free port of 127.0.0.1 (``server.port``;
     ``server.loop`` is that loop, for ``run_coroutine_threadsafe``), with a
     throwaway store unless ``db_path`` is given (removed with it), and is

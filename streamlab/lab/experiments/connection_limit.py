@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from streamlab.client.timed import create_generation_sync
 from streamlab.hops import tls
 from streamlab.hops.nginx import run_nginx
-from streamlab.lab import runner
-from streamlab.lab.headless import chromium, wait_for
+from streamlab.lab.setups import runner
+from streamlab.lab.outside.headless import chromium, wait_for
+from streamlab.net.processes import free_port
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome
@@ -192,7 +193,7 @@ def run_paths(
 class Paths:
     """Our server, and the origins in front of it: label -> origin, and what the browser needs to trust them."""
 
-    server: Any  # streamlab.lab.runner.RunningServer
+    server: Any  # streamlab.lab.setups.runner.RunningServer
     origins: dict[str, str]
     flags: tuple[str, ...]  # Chromium's flag trusting the certificate, when nginx is there
     nginx_config: str | None  # nginx's configuration as written, when nginx is there
@@ -215,7 +216,7 @@ def paths_to_one_server(*, rate: float, streams: int, nginx: bool = True) -> Ite
             yield Paths(server, origins, (), None)
             return
         certificate = tls.make_certificate(Path(tmp) / "tls")
-        http1, http2 = runner.free_port(), runner.free_port()
+        http1, http2 = free_port(), free_port()
         listen = tls.listen_lines(certificate, http1_port=http1, http2_port=http2)
         with run_nginx(server.port, extra=listen, location=NGINX_LOCATION) as running:
             origins |= {HTTP1_TLS: f"https://{tls.HOST}:{http1}", HTTP2_TLS: f"https://{tls.HOST}:{http2}"}

@@ -41,17 +41,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from streamlab.client.metrics import percentile
+
 PROMPT = "Explain in a few sentences why the sky is blue, for a curious child."
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    k = (len(data) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 @dataclass
@@ -275,7 +267,7 @@ def read_arrivals(route: str, port: int, prompt: str, tokens: int, reader: str =
     if reader not in READERS:
         raise ValueError(f"reader is one of {READERS}, not {reader!r}")
     out = subprocess.run(
-        [sys.executable, "-m", "streamlab.lab.overhead", "client", route, str(port), str(tokens), prompt, reader],
+        [sys.executable, "-m", "streamlab.lab.experiments.overhead", "client", route, str(port), str(tokens), prompt, reader],
         capture_output=True, text=True, timeout=300, check=True,
     )
     return json.loads(out.stdout)
@@ -355,7 +347,7 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
     figures, ``readers`` every reader's; ``round_medians_ms`` is the spread
     of each round's own median.
     """
-    from streamlab.lab.runner import serve_in_process
+    from streamlab.lab.setups.runner import serve_in_process
     from streamlab.server.answers.sources import source_for
 
     runs = [(route, reader) for reader in readers for route in routes]
@@ -407,6 +399,6 @@ if __name__ == "__main__":
     if len(sys.argv) >= 6 and sys.argv[1] == "client":
         print(json.dumps(_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *sys.argv[6:7])))
     else:
-        print("usage: python -m streamlab.lab.overhead client ROUTE PORT TOKENS PROMPT [socket|asyncio]"
+        print("usage: python -m streamlab.lab.experiments.overhead client ROUTE PORT TOKENS PROMPT [socket|asyncio]"
               " (see benchmarks/overhead.py)")
         sys.exit(2)

@@ -1,0 +1,1 @@
+"""The chapters' experiments, one module per thing measured: each runs against live servers and returns tidy rows."""
