@@ -25,7 +25,7 @@ from streamlab.client import timed as client
 from streamlab.client import wire
 from streamlab.model.backlog import Backlog
 from streamlab.lab.results.measures import parse_line
-from streamlab.model.generation import Generation, PieceQueue, PieceSource
+from streamlab.model.generation import Generation, PieceQueue, PieceStream
 from streamlab.model.lifecycle import GenerationResult, Piece
 from streamlab.server.wire.anthropic_api import MessagesFormat
 from streamlab.server.config import MAX_QUEUED, SLOW_READER_TIMEOUT, config_from_args, parse_args
@@ -58,7 +58,7 @@ async def until(condition, timeout: float = 5.0) -> None:
 
 
 # --------------------------------------------------------------------------
-# The policy in one place: Backlog, PieceSource, Generation
+# The policy in one place: Backlog, PieceStream, Generation
 # --------------------------------------------------------------------------
 
 
@@ -100,7 +100,7 @@ def test_a_generation_kept_waiting_too_long_stops_itself_as_slow_reader():
         gen = generation(fake()).set_backpressure(max_queued=3, slow_reader_timeout=0.3)
         started = time.monotonic()
         result = await asyncio.wait_for(gen.wait(), 10)  # nobody reads
-        assert result.stop_reason == STOPPED and gen.stop_source == SLOW_READER
+        assert result.stop_reason == STOPPED and gen.stopped_by == SLOW_READER
         assert 0.3 <= time.monotonic() - started < 3
         assert gen.backlog.handed <= 5 and result.tokens < 10
         waited = gen.backlog.snapshot()["waited"]
@@ -120,7 +120,7 @@ def test_stop_wakes_a_hand_over_blocked_for_room():
         gen.stop("cancel")
         result = await asyncio.wait_for(gen.wait(), 5)
         assert time.monotonic() - asked < 0.5
-        assert result.stop_reason == STOPPED and gen.stop_source == "cancel"
+        assert result.stop_reason == STOPPED and gen.stopped_by == "cancel"
 
     asyncio.run(main())
 
@@ -137,11 +137,11 @@ def test_a_reader_that_leaves_lifts_the_bound_so_a_naive_generation_runs_on_for_
     asyncio.run(main())
 
 
-class ManualSource(PieceSource):
+class ManualSource(PieceStream):
     """A source driven by hand, as a batching engine would drive one: it asks ``has_room()`` first."""
 
     def __init__(self) -> None:
-        self.stop_source: str | None = None
+        self.stopped_by: str | None = None
         self._stopping = False
 
     def start(self, loop=None) -> "ManualSource":
@@ -150,7 +150,7 @@ class ManualSource(PieceSource):
         return self
 
     def stop(self, source: str = STOPPED) -> None:
-        self.stop_source = self.stop_source or source
+        self.stopped_by = self.stopped_by or source
         self._stopping = True
 
     @property
@@ -177,7 +177,7 @@ def test_has_room_leaves_a_source_out_while_its_reader_is_behind_then_stops_it()
         assert not source.has_room()
         await asyncio.sleep(0.25)  # past the timeout, all waits together
         assert source.has_room(), "stopped: step it once more, so that it ends"
-        assert source.stop_source == SLOW_READER and source.stopping
+        assert source.stopped_by == SLOW_READER and source.stopping
         assert source.backlog.wait_began is None and 0.2 <= source.backlog.waited < 0.4  # the waiting is over
         unbounded = ManualSource().start()
         for _ in range(1000):
@@ -218,7 +218,7 @@ def test_slow_reader_is_a_stop_reason_of_its_own_and_an_incomplete_one():
 def slow_reader_job() -> Job:
     result = GenerationResult(tokens=7, stop_reason=STOPPED, text="The keeper")
     record = LogRecord(id="1", path="/stream", tokens=7, stop_signal=SLOW_READER, stored_reason=SLOW_READER)
-    return Job(SimpleNamespace(result=result, stop_source=SLOW_READER), record, answer=None)  # type: ignore[arg-type]
+    return Job(SimpleNamespace(result=result, stopped_by=SLOW_READER), record, answer=None)  # type: ignore[arg-type]
 
 
 def test_each_format_ends_a_slow_reader_stop_as_incomplete():
@@ -281,7 +281,7 @@ def test_a_reader_too_slow_is_stopped_and_the_reason_reaches_log_store_and_endin
             while True:  # the kernel's and asyncio's buffers fill first, then the queue, then it waits
                 queues = client.get_json_sync(server.port, "/debug/queues")
                 generations = queues["generations"]
-                if generations and generations[0]["stop_source"] == SLOW_READER:
+                if generations and generations[0]["stopped_by"] == SLOW_READER:
                     break
                 assert time.monotonic() < deadline, queues
                 time.sleep(0.05)
@@ -318,7 +318,7 @@ def read_all_after_stop(port: int, sock: socket.socket) -> Trace:
     deadline = time.monotonic() + 30
     while True:
         generations = client.get_json_sync(port, "/debug/queues")["generations"]
-        if generations and generations[0]["stop_source"] == SLOW_READER:
+        if generations and generations[0]["stopped_by"] == SLOW_READER:
             return read_all(sock)
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -346,7 +346,7 @@ def test_the_relay_reads_no_further_from_its_upstream_while_its_reader_is_behind
             return gen
 
         gen = asyncio.run(main())
-        assert gen.stop_source == SLOW_READER and gen.result.stop_reason == STOPPED
+        assert gen.stopped_by == SLOW_READER and gen.result.stop_reason == STOPPED
         assert gen.backlog.handed <= 5 and gen.backlog.most_queued <= 5
         deadline = time.monotonic() + 10
         while not (records := client.get_json_sync(upstream.port, "/log")) or not records[-1]["done"]:
@@ -399,7 +399,7 @@ def test_the_scripted_source_obeys_the_bound_and_stops_a_slow_reader():
         stopped.start()
         await asyncio.sleep(0.5)
         pieces = [p async for p in stopped.pieces()]
-        assert len(pieces) == 5 and stopped.stop_source == SLOW_READER
+        assert len(pieces) == 5 and stopped.stopped_by == SLOW_READER
         assert (await stopped.wait()).tokens == 5
 
     asyncio.run(main())

@@ -135,7 +135,7 @@ def test_stop_flag_checked_before_every_token():
     result = run_sync(main())
     assert result.stop_reason == STOPPED
     assert 5 <= result.tokens <= 6
-    assert gen.stop_source == "client_left"
+    assert gen.stopped_by == "client_left"
 
 
 def test_fault_after_n_tokens():

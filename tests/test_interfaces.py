@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from streamlab.model.generation import Generation, PieceSource
+from streamlab.model.generation import Generation, PieceStream
 from streamlab.server.answers.scripted import ScriptedEngine, ScriptedGeneration
 from streamlab.server.answers.sources import ModelSource, TokenSource, UpstreamSource
 from streamlab.server.answers.upstream import UpstreamGeneration
@@ -40,7 +40,7 @@ def test_both_registries_answer_the_four_routes_alike(registry):
 
 @pytest.mark.parametrize("stream", [Generation, ScriptedGeneration, UpstreamGeneration])
 def test_every_piece_stream_declares_what_the_server_reads(stream):
-    assert issubclass(stream, PieceSource)
+    assert issubclass(stream, PieceStream)
     assert stream.relayed is (stream is UpstreamGeneration)  # only a relay waits for its upstream to answer
-    for name in ("start", "stop", "stopping", "pieces", "wait", "answered", "stop_source", "gateway_status"):
+    for name in ("start", "stop", "stopping", "pieces", "wait", "answered", "stopped_by", "gateway_status"):
         assert hasattr(stream, name), f"{stream.__name__} has no {name}"

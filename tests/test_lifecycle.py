@@ -320,4 +320,4 @@ def test_a_stopped_generation_by_hand_ends_stopped():
         return await asyncio.wait_for(gen.wait(), 5)
 
     result = run_sync(main())
-    assert (result.stop_reason, result.tokens, gen.stop_source) == (STOPPED, 0, "client_left")
+    assert (result.stop_reason, result.tokens, gen.stopped_by) == (STOPPED, 0, "client_left")

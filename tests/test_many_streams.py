@@ -62,7 +62,7 @@ def test_stop_ends_it_at_once_with_stopped():
         return gen
 
     gen = asyncio.run(main())
-    assert gen.result.stop_reason == STOPPED and gen.result.tokens == 3 and gen.stop_source == "eof"
+    assert gen.result.stop_reason == STOPPED and gen.result.tokens == 3 and gen.stopped_by == "eof"
     assert gen.result.text == script_text(3) and gen.stopping
 
 

@@ -278,7 +278,7 @@ async def test_stop_closes_the_upstream_connection_and_it_stops_producing():
                 gen.stop("again")  # safe to repeat; the first source is kept
         result = await gen.wait()
         await asyncio.sleep(0.1)  # five more chunks' worth of time: the upstream would have made them
-    assert result.stop_reason == STOPPED and result.error is None and gen.stop_source == "eof" and gen.stopping
+    assert result.stop_reason == STOPPED and result.error is None and gen.stopped_by == "eof" and gen.stopping
     assert len(got) == n and result.tokens == n and result.text == "t0 t1 t2 "
     assert up.produced <= n + 2
     assert gen.closed_upstream_at is not None and up.gone_at is not None

@@ -131,7 +131,7 @@ class PieceQueue:
         return self._caught_up
 
 
-class PieceSource:
+class PieceStream:
     """What a server reads from anything that makes an answer: ``pieces()`` as they come, ``wait()`` for the end.
 
     A subclass puts each ``Piece`` on ``self._queue``, a :class:`PieceQueue` (in the event loop),
@@ -152,7 +152,7 @@ class PieceSource:
     _queue: PieceQueue | None = None
     done: asyncio.Event | None = None
     result: GenerationResult | None = None
-    stop_source: str | None = None  # the first reason it was told to stop (a reader gone, a cancel, slow_reader)
+    stopped_by: str | None = None  # the first reason it was told to stop (a reader gone, a cancel, slow_reader)
     _stopping: bool = False  # a stop was asked, for a source that lives on the event loop (``_stop_on_loop``)
     # A relay's: its upstream must answer before the reader's response opens (``answered``), and a failure
     # there is told as a gateway tells it (``gateway_status``: 502, 504). A source here has nothing to wait for.
@@ -163,7 +163,7 @@ class PieceSource:
         """Until the source has begun to answer: a relay's upstream, its response head; a model here, at once."""
         return None
 
-    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceSource":
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> "PieceStream":
         raise NotImplementedError
 
     def stop(self, source: str = STOPPED) -> None:
@@ -179,8 +179,8 @@ class PieceSource:
         Any thread may call ``stop()``; the first reason given is the one
         kept. Before ``start`` only the flag is set (``start`` looks at it).
         """
-        if self.stop_source is None:
-            self.stop_source = source
+        if self.stopped_by is None:
+            self.stopped_by = source
         if self._stopping:
             return
         self._stopping = True
@@ -207,7 +207,7 @@ class PieceSource:
             pass
 
     # -- backpressure ------------------------------------------------------------
-    def set_backpressure(self, max_queued: int | None = None, slow_reader_timeout: float | None = None) -> "PieceSource":
+    def set_backpressure(self, max_queued: int | None = None, slow_reader_timeout: float | None = None) -> "PieceStream":
         """Run at most ``max_queued`` pieces ahead of the reader; stop once that has cost ``slow_reader_timeout`` s of waiting.
 
         None for either: no bound (today's default for a bare source), no
@@ -308,7 +308,7 @@ class PieceSource:
     def _after_end(self) -> None:
         """Called once the end is known, before the result is returned (a thread is joined here)."""
 
-class Generation(PieceSource):
+class Generation(PieceStream):
     """One answer being generated: start it, iterate its pieces, stop it.
 
     ``prefill_chunk`` is how many prompt tokens go through the model per
@@ -381,7 +381,7 @@ class Generation(PieceSource):
         self.token_delay = token_delay
         self.on_token = on_token
         self.observers: list[Callable[[Piece], None]] = []
-        self.stop_source: str | None = None
+        self.stopped_by: str | None = None
         self.result: GenerationResult | None = None
         self._queue: PieceQueue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -402,8 +402,8 @@ class Generation(PieceSource):
     # -- control -------------------------------------------------------------
     def stop(self, source: str = STOPPED) -> None:
         """Ask the driver to stop before its next token or prompt chunk (safe from any thread)."""
-        if self.stop_source is None:
-            self.stop_source = source
+        if self.stopped_by is None:
+            self.stopped_by = source
         self.lifecycle.stop()
         self.backlog.wake()  # a hand-over waiting for room sees the flag now
 

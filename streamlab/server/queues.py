@@ -94,7 +94,7 @@ def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], runni
             "tokens": job.record.tokens,
             "pieces_sent": job.record.pieces_sent,
             "stopping": bool(getattr(generation, "stopping", False)),
-            "stop_source": generation.stop_source,
+            "stopped_by": generation.stopped_by,
             "ended": generation.result is not None,
             **(backlog.snapshot() if backlog is not None else {}),
         })

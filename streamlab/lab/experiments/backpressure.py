@@ -267,7 +267,7 @@ def run_policy(
                     "queued": generation["queued"] if generation else 0,
                     "waiting": bool(generation and generation["waiting_for"] > 0),
                     "waited": seen.get("waited", 0.0),
-                    "stop_source": seen.get("stop_source"),
+                    "stopped_by": seen.get("stopped_by"),
                     "generation_ended": bool(seen.get("ended")),
                     "connected": connection is not None,  # False once the server has closed it (a write timeout)
                     "transport_bytes": connection["write_buffer"] if connection else 0,
@@ -299,7 +299,7 @@ def summarize(policy: Policy, samples: list[dict[str, Any]], reader: SlowReader,
     last = samples[-1] if samples else {}
     # From the first token on: loading the model and its first forward pass are not the reader's doing.
     rss = [s["rss_bytes"] for s in samples if s["rss_bytes"] and s["tokens"] > 0]
-    stopped_at = next((s["t"] for s in samples if s["stop_source"]), None)
+    stopped_at = next((s["t"] for s in samples if s["stopped_by"]), None)
     was_connected = False
     cut_at = None
     for s in samples:

@@ -22,7 +22,7 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
-from streamlab.model.generation import Generation, PieceSource
+from streamlab.model.generation import Generation, PieceStream
 from streamlab.model.lifecycle import GenerationResult, Piece
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.endings import (
@@ -389,7 +389,7 @@ class Jobs:
         try:
             turn = self.commit_ticket(ticket)
             generation = self.source.generation(ticket.req, turn.prompt_ids, turn.messages, config, record.count_tokens)
-            if isinstance(generation, PieceSource):  # the backpressure policy, whichever engine makes the pieces
+            if isinstance(generation, PieceStream):  # the backpressure policy, whichever engine makes the pieces
                 generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
             answer = self.store.begin_answer(turn.conversation_id)
         except BaseException as exc:
@@ -432,8 +432,8 @@ class Jobs:
     async def _finish(self, job: Job) -> GenerationResult:
         result = await job.generation.wait()
         record = job.record
-        if job.generation.stop_source == SLOW_READER and record.stop_signal != SLOW_READER:
-            # It stopped itself, before any other signal reached it (its stop_source is the first).
+        if job.generation.stopped_by == SLOW_READER and record.stop_signal != SLOW_READER:
+            # It stopped itself, before any other signal reached it (its stopped_by is the first).
             record.stop_signal, record.tokens_at_stop = SLOW_READER, result.tokens
         record.tokens = result.tokens
         record.prompt_tokens = record.prompt_tokens or result.prompt_tokens  # an upstream counts it
@@ -483,7 +483,7 @@ class Jobs:
                 await asyncio.wait_for(job.generation.wait(), 2.0)
 
 
-async def pieces_or_pings(generation: PieceSource, interval: float) -> AsyncIterator[Piece | None]:
+async def pieces_or_pings(generation: PieceStream, interval: float) -> AsyncIterator[Piece | None]:
     """Yield each piece as it is made, or ``None`` after ``interval`` seconds of silence.
 
     ``None`` is the caller's cue to send a keep-alive (an SSE comment, a

@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from streamlab.model.lifecycle import GenerationResult, Piece
-from streamlab.model.generation import PieceQueue, PieceSource
+from streamlab.model.generation import PieceQueue, PieceStream
 from streamlab.model.stop_sequences import StopSequences
 from streamlab.protocol.endings import MAX_TOKENS, STOP_SEQUENCE, STOPPED
 
@@ -57,7 +57,7 @@ def scripted_name(rate: float) -> str:
     return f"scripted-{rate:g}-tok/s"
 
 
-class ScriptedGeneration(PieceSource):
+class ScriptedGeneration(PieceStream):
     """One scripted answer: ``max_tokens`` pieces, one every ``1/rate`` s on absolute deadlines.
 
     The interface of :class:`streamlab.model.generation.Generation` (``start``,
@@ -87,7 +87,7 @@ class ScriptedGeneration(PieceSource):
         self.prompt_tokens = self.prompt_tokens_read = int(prompt_tokens)
         self.stops = StopSequences(stop_sequences)
         self.tokens = 0
-        self.stop_source: str | None = None
+        self.stopped_by: str | None = None
         self.result: GenerationResult | None = None
         self.done: asyncio.Event | None = None
         self._queue: PieceQueue | None = None

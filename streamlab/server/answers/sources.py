@@ -28,7 +28,7 @@ import urllib.request
 from contextlib import redirect_stdout
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from streamlab.model.generation import Generation, PieceSource, chat_template_ids, encode_prompt
+from streamlab.model.generation import Generation, PieceStream, chat_template_ids, encode_prompt
 from streamlab.net.errors import UserError
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class TokenSource(Protocol):
     def prompt_ids(self, messages: Messages, *, chat: bool) -> list[int]: ...
 
     def generation(self, req: GenerationRequest, prompt_ids: list[int], messages: Messages, config: ServerConfig,
-                   on_token: Callable[[int], None]) -> PieceSource: ...
+                   on_token: Callable[[int], None]) -> PieceStream: ...
 
 
 class ModelSource:

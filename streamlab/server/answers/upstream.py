@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from streamlab.protocol import endings as stops
 from streamlab.model.lifecycle import GenerationResult, Piece
-from streamlab.model.generation import PieceQueue, PieceSource
+from streamlab.model.generation import PieceQueue, PieceStream
 from streamlab.protocol.http_body import BodyReader, IncompleteBody
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import FinalResponseParser
@@ -98,7 +98,7 @@ def _error_message(data: bytes | str) -> str:
     return text.strip()[:500]
 
 
-class UpstreamGeneration(PieceSource):
+class UpstreamGeneration(PieceStream):
     """One answer streamed from an OpenAI-compatible server, with ``Generation``'s interface.
 
     Besides it: ``finish_reason`` (the upstream's raw value), ``upstream_status``
@@ -135,7 +135,7 @@ class UpstreamGeneration(PieceSource):
                 raise ValueError(f"invalid header {name!r}")
         self.tokens = 0
         self.prompt_tokens_read = 0
-        self.stop_source: str | None = None
+        self.stopped_by: str | None = None
         self.result: GenerationResult | None = None
         self.finish_reason: str | None = None
         self.upstream_status: int | None = None
