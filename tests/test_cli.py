@@ -34,6 +34,7 @@ from streamlab.net.errors import UserError
 from streamlab.server.store import file as store_file
 from streamlab.server.answers.sources import UpstreamSource
 from streamlab.server.store.database import Store
+from streamlab.net.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # Lines a command prints on its way up, before the mistake: not the mistake's own.
@@ -55,12 +56,6 @@ def the_line(done: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("streamlab: "), lines[0]
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # nobody listens there once it is closed
 
 
 # -- python -m streamlab itself ------------------------------------------------------

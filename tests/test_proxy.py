@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +46,7 @@ from streamlab.hops.exchange import (
 from streamlab.hops.heads import client_response_head, upstream_request_head
 from streamlab.hops.proxy import parse_args, serve_proxy
 from streamlab.protocol.sse import EventStreamParser, encode_comment, encode_done, encode_event
+from streamlab.net.processes import free_port
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,11 +313,6 @@ async def proxy_log(port: int) -> list[dict]:
     assert trace.response is not None and trace.response.status == 200
     return json.loads(trace.body)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------
