@@ -164,6 +164,11 @@ def last_user_text(messages: tuple[dict[str, str], ...]) -> str:
     return next(m["content"] for m in reversed(messages) if m["role"] == "user")
 
 
+def any_text(value: Any, name: str) -> str:
+    """A string, empty or not (a ``model`` name: any is served by the model this server has)."""
+    return text_field(value, name, empty=True)
+
+
 def _conversation_id(value: Any, name: str) -> str | None:
     if value is None:
         return None

@@ -21,7 +21,9 @@ from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import Format
 from streamlab.server.answers.jobs import Job, Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
-from streamlab.server.answers.requests import GenerationRequest, content_text, json_object, last_user_text, stop_field, transcript
+from streamlab.server.answers.requests import (
+    GenerationRequest, any_text, content_text, json_object, last_user_text, stop_field, transcript,
+)
 
 ROLES = {"user": "user", "assistant": "assistant"}
 STOP_REASONS = {EOS: "end_turn", STOP_SEQUENCE: "stop_sequence", MAX_TOKENS: "max_tokens"}
@@ -34,12 +36,6 @@ def _no_tools(value: object, name: str) -> None:
         raise bad(f"{name} are not supported by this server")
 
 
-def _model(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise bad(f"{name} must be a string, got {type(value).__name__}")
-    return value
-
-
 MESSAGES = Schema(
     "POST /v1/messages",
     Field("messages", "list of messages", "the conversation, `user` and `assistant` turns; the last user message is"
@@ -47,7 +43,7 @@ MESSAGES = Schema(
     Field("max_tokens", "integer", "the most tokens to generate (required, as Anthropic requires it)", REQUIRED,
           1, 4096),
     Field("model", "string", "any name: the response's `model` names the model this server has", None,
-          parse=_model, null_default=True),
+          parse=any_text, null_default=True),
     Field("system", "string or list of text blocks", "the system prompt, read before the messages", None,
           parse=content_text, null_default=True),
     Field("temperature", "number", "sampling temperature", 1.0, 0.0, 1.0, null_default=True),

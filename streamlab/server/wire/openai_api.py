@@ -25,7 +25,9 @@ from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import Format
 from streamlab.server.answers.jobs import Job, Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
-from streamlab.server.answers.requests import GenerationRequest, json_object, last_user_text, stop_field, transcript
+from streamlab.server.answers.requests import (
+    GenerationRequest, any_text, json_object, last_user_text, stop_field, transcript,
+)
 
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context": a CPU should not start there
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -53,12 +55,6 @@ def _stream_options(value: object, name: str) -> bool:
     return values["include_usage"]
 
 
-def _model(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise bad(f"{name} must be a string, got {type(value).__name__}")
-    return value
-
-
 STREAM_OPTIONS = Schema("stream_options", Field("include_usage", "boolean", "", False),
                         ignored=("include_obfuscation",))
 LENGTH = "the most tokens to generate"
@@ -67,7 +63,7 @@ CHAT_COMPLETIONS = Schema(
     Field("messages", "list of messages", "the conversation: `system`, `developer`, `user`, `assistant`; the last"
           " user message is what the store keeps", REQUIRED, parse=lambda value, name: transcript(value, ROLES, name)),
     Field("model", "string", "any name: the response's `model` names the model this server has", None,
-          parse=_model, null_default=True),
+          parse=any_text, null_default=True),
     Field("max_completion_tokens", "integer", LENGTH, None, 1, 4096, null_default=True, show=f"`{DEFAULT_MAX_TOKENS}`"),
     Field("max_tokens", "integer", LENGTH + " (the older name; `max_completion_tokens` wins)", None, 1, 4096,
           null_default=True, show=f"`{DEFAULT_MAX_TOKENS}`"),
