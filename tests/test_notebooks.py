@@ -249,7 +249,9 @@ def test_05_when_the_user_leaves(tmp_path):
     assert f["sse_naive"] == f["max_tokens"]
     assert leave <= f["ws_stop"] <= limit
     assert f["ws_close_watching"] <= limit and f["ws_close_naive"] == f["max_tokens"]
-    assert leave <= f["complete_watching"] <= limit
+    # /complete's reader is made to hang up by polling /log, which can lag behind the model on a busy machine:
+    # what the server promises is to stop within a token or two of noticing, counted from when it noticed.
+    assert leave <= f["complete_at_stop"] and f["complete_watching"] - f["complete_at_stop"] <= 2
     assert f["complete_naive"] == f["max_tokens"]
     signals = {(r["case"].split(",")[0], r["server"]): r["noticed by"] for r in f["rows"]}
     assert signals[("SSE", "watching")] == "eof"
