@@ -82,3 +82,39 @@ def test_the_shared_log_benchmark_runs_at_its_tiny_size(tmp_path) -> None:
     figures = {m["key"]: m["value"] for m in saved["measures"]}
     assert 2.0 <= figures["round_trips_per_event"] < 2.3  # the worker's one, and the reader's XREAD
     assert figures["cpu_redis_over_memory"] > 1 and len(saved["tables"]["rounds"]) == 2
+
+
+def test_a_reader_whose_log_goes_away_is_told_and_its_body_ends_properly() -> None:
+    """Redis killed while a reader waits on the shared queue: an ``error`` event saying why, then the last chunk.
+
+    httpx raises on a chunked body that stops without its last chunk ("incomplete chunked read"): reading the
+    stream to its end without an exception is the proof that the body ended as HTTP says a body ends.
+    """
+    import threading
+    import time
+
+    import httpx
+
+    with run_redis() as redis, serving(events=redis.url) as a:
+        created = run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 5}))  # no worker: it waits
+        lines: list[str] = []
+        outcome: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                with httpx.stream("GET", f"{a.url}{created['events']}", timeout=30) as response:
+                    for line in response.iter_lines():
+                        lines.append(line)
+                outcome["ended"] = time.monotonic()
+            except Exception as err:  # noqa: BLE001 - what the test reports
+                outcome["error"] = err
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(1.0)
+        killed = time.monotonic()
+        redis.process.kill()
+        reader.join(30)
+    assert "error" not in outcome, outcome
+    assert outcome["ended"] - killed < 5, outcome["ended"] - killed
+    assert "event: error" in lines and any("the shared log cannot be read" in line for line in lines), lines

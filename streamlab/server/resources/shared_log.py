@@ -38,7 +38,7 @@ from streamlab.server.transport import responses
 from streamlab.server.config import RETRY_MS, ServerConfig
 from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.transport.events import Event, dumps
-from streamlab.server.wire.formats import stopped_in_line
+from streamlab.server.wire.formats import error_body, stopped_in_line
 from streamlab.server.answers.requests import GenerationRequest
 from streamlab.server.transport.streams import EventStream
 
@@ -97,6 +97,11 @@ def open_client(url: str, longest_block: float = CANCEL_WAIT) -> Any:
         return aioredis.from_url(url, decode_responses=True, socket_timeout=timeout)
     except ValueError as err:
         raise UserError(f"--events {url}: {err} (give redis://HOST:PORT)") from None
+
+
+def is_redis_error(err: BaseException) -> bool:
+    """An error of redis-py's (its connection lost, a timeout, a refusal), by its module: no import needed."""
+    return type(err).__module__.split(".")[0] == "redis" or isinstance(err, (ConnectionError, TimeoutError))
 
 
 async def ensure_group(redis: Any) -> None:
@@ -184,15 +189,31 @@ class SharedRegistry:
         try:
             gone = await stream.follow(self.follow(generation_id, after), naive=self.config.naive)
         finally:
-            await asyncio.shield(self._leave(generation_id, gone))
+            try:
+                await asyncio.shield(self._leave(generation_id, gone))
+            except Exception as err:  # noqa: BLE001 - the stream has ended already: nothing more to tell its reader
+                if not is_redis_error(err):
+                    raise
         return False  # the stream ended by closing
 
     async def follow(self, generation_id: str, after: str) -> AsyncIterator[Event | None]:
-        """Every entry after ``after``, kept ones first, then live ones (``XREAD BLOCK``); None after a silence."""
+        """Every entry after ``after``, kept ones first, then live ones (``XREAD BLOCK``); None after a silence.
+
+        A log that cannot be read (Redis gone, or not answering) ends the
+        stream with an ``error`` event that says so, and the body's proper
+        end: never a chunked body cut off, which a client can only report as
+        a broken connection.
+        """
         key, first = events_key(generation_id), True
         block = int(self.config.ping_interval * 1000) if self.config.ping_interval > 0 else 0
         while True:
-            found = await self.redis.xread({key: after}, count=256, block=block)
+            try:
+                found = await self.redis.xread({key: after}, count=256, block=block)
+            except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError, TimeoutError...
+                if not is_redis_error(err):
+                    raise
+                yield Event({**error_body(503, f"the shared log cannot be read: {err}"), "id": generation_id}, "error")
+                return
             if not found:
                 yield None
                 continue
