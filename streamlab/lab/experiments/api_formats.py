@@ -522,6 +522,7 @@ async def leave_through(
     if upstream_port:
         up = await client.wait_log(upstream_port, (await _new_record(upstream_port, known_up))["id"], timeout=timeout)
         row.update({"upstream generated": up["tokens"], "upstream noticed by": up["stop_signal"],
+                    "upstream had made when it noticed": up["tokens_at_stop"],
                     "upstream ran on after the client left (s)": round(max(0.0, up["ended"] - left_at), 2),
                     "counted from": "the upstream's /log"})
     else:
@@ -530,6 +531,7 @@ async def leave_through(
         said = engine_log()[log_before:]
         row.update({"upstream generated": here["tokens"],
                     "upstream noticed by": "disconnect" if "Disconnected from client" in said else None,
+                    "upstream had made when it noticed": "not counted",
                     "upstream ran on after the client left (s)": round(max(0.0, here["ended"] - left_at), 2),
                     "counted from": "what the relay received (llama.cpp keeps no /log)"})
     return row
