@@ -57,3 +57,22 @@ def test_the_open_files_limit_only_rises():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert processes.raise_open_files_limit(1) == soft  # already above: unchanged
     assert processes.raise_open_files_limit() >= soft
+
+
+def test_wait_for_port_says_ready_exited_or_timed_out():
+    import socket
+
+    free_port, wait_for_port = processes.free_port, processes.wait_for_port
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert wait_for_port(alive, port, 5) is None
+            assert wait_for_port(alive, port, 0.3, answers=lambda sock: False) == "timeout"
+            assert wait_for_port(alive, free_port(), 0.3) == "timeout"
+        finally:
+            alive.kill()
+            alive.wait()
+    assert wait_for_port(alive, port, 5) == "exited"

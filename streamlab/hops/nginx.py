@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlab.net.processes import free_port, stop_process
+from streamlab.net.processes import free_port, stop_process, wait_for_port
 
 __all__ = [
     "CACHE_STATUS",
@@ -232,15 +230,12 @@ def run_nginx(
 
 
 def _wait_until_listening(nginx: NginxProcess) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if nginx.process.poll() is not None:
-            stderr = _read(nginx.folder / "stderr.log")
-            raise NginxError(f"nginx exited with {nginx.process.returncode}:\n{stderr}{nginx.error_log()}")
-        with suppress(OSError), socket.create_connection(("127.0.0.1", nginx.port), timeout=0.5):
-            return
-        time.sleep(0.02)
-    raise NginxError(f"nginx did not listen on port {nginx.port} within {START_TIMEOUT} s:\n{nginx.error_log()}")
+    why = wait_for_port(nginx.process, nginx.port, START_TIMEOUT)
+    if why == "exited":
+        stderr = _read(nginx.folder / "stderr.log")
+        raise NginxError(f"nginx exited with {nginx.process.returncode}:\n{stderr}{nginx.error_log()}")
+    if why is not None:
+        raise NginxError(f"nginx did not listen on port {nginx.port} within {START_TIMEOUT} s:\n{nginx.error_log()}")
 
 
 def _stop(process: subprocess.Popen) -> None:

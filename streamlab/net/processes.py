@@ -23,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,25 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0, *, group: boo
         else:
             process.kill()
         return process.wait(timeout)
+
+
+def wait_for_port(process: subprocess.Popen, port: int, timeout: float,
+                  answers: Callable[[socket.socket], bool] | None = None) -> str | None:
+    """Until something on 127.0.0.1:``port`` accepts a connection (and, with ``answers``, answers right).
+
+    None once it does; else why not, ``"exited"`` (the process ended first)
+    or ``"timeout"``: the caller says it in its own words, with its own log.
+    For the programs that announce nothing on stdout (redis-server, nginx).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return "exited"
+        with suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            if answers is None or answers(sock):
+                return None
+        time.sleep(0.02)
+    return "timeout"
 
 
 def log_tail(path: Path, last: int = 4000) -> str:

@@ -197,21 +197,14 @@ case("3.5", "binary with RSV = 5")(lambda: failure([frame(BINARY, b"\x00\xff" * 
 case("3.6", "ping with RSV = 6")(lambda: failure([frame(PING, b"", rsv=6)]))
 case("3.7", "close with RSV = 7")(lambda: failure([frame(CLOSE, struct.pack("!H", 1000), rsv=7)]))
 
-for _n, _op in enumerate([3, 4, 5, 6, 7], 1):
-    _kind = "non-control"
-    if _n <= 2:
-        case(f"4.1.{_n}", f"frame with reserved {_kind} opcode {_op}")(
-            lambda op=_op, n=_n: failure([frame(op, b"reserved opcode payload" if n == 2 else b"")]))
-    else:
-        case(f"4.1.{_n}", f"text, frame with reserved {_kind} opcode {_op}, ping")(
-            lambda op=_op, n=_n: echoed_then_failed(frame(op, b"" if n == 3 else b"reserved opcode payload")))
-for _n, _op in enumerate([11, 12, 13, 14, 15], 1):
-    if _n <= 2:
-        case(f"4.2.{_n}", f"frame with reserved control opcode {_op}")(
-            lambda op=_op, n=_n: failure([frame(op, b"reserved opcode payload" if n == 2 else b"")]))
-    else:
-        case(f"4.2.{_n}", f"text, frame with reserved control opcode {_op}, ping")(
-            lambda op=_op, n=_n: echoed_then_failed(frame(op, b"" if n == 3 else b"reserved opcode payload")))
+for _group, _kind, _opcodes in (("4.1", "non-control", [3, 4, 5, 6, 7]), ("4.2", "control", [11, 12, 13, 14, 15])):
+    for _n, _op in enumerate(_opcodes, 1):
+        if _n <= 2:
+            case(f"{_group}.{_n}", f"frame with reserved {_kind} opcode {_op}")(
+                lambda op=_op, n=_n: failure([frame(op, b"reserved opcode payload" if n == 2 else b"")]))
+        else:
+            case(f"{_group}.{_n}", f"text, frame with reserved {_kind} opcode {_op}, ping")(
+                lambda op=_op, n=_n: echoed_then_failed(frame(op, b"" if n == 3 else b"reserved opcode payload")))
 
 
 # -- 5: fragmentation ----------------------------------------------------------

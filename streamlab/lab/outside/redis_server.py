@@ -17,13 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlab.net.processes import die_with_parent, free_port, stop_process
+from streamlab.net.processes import die_with_parent, free_port, stop_process, wait_for_port
 
 START_TIMEOUT = 10.0
 _RUNNING: set[subprocess.Popen] = set()
@@ -96,15 +95,15 @@ def run_redis() -> Iterator[RedisProcess]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _pongs(sock: socket.socket) -> bool:
+    sock.sendall(b"PING\r\n")
+    return sock.recv(64).startswith(b"+PONG")
+
+
 def _wait_until_ready(redis: RedisProcess) -> None:
     """Until it answers PING with PONG (a bare RESP exchange: no client library needed)."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if redis.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {redis.process.returncode}:\n{redis.log()[-2000:]}")
-        with suppress(OSError), socket.create_connection(("127.0.0.1", redis.port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            if sock.recv(64).startswith(b"+PONG"):
-                return
-        time.sleep(0.02)
-    raise RuntimeError(f"redis-server did not answer on port {redis.port} within {START_TIMEOUT} s")
+    why = wait_for_port(redis.process, redis.port, START_TIMEOUT, answers=_pongs)
+    if why == "exited":
+        raise RuntimeError(f"redis-server exited with {redis.process.returncode}:\n{redis.log()[-2000:]}")
+    if why is not None:
+        raise RuntimeError(f"redis-server did not answer on port {redis.port} within {START_TIMEOUT} s")
