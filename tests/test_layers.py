@@ -91,24 +91,6 @@ SERVER_WINGS: list[tuple[str, ...]] = [
 ]
 
 
-def wing_of(name: str) -> int | None:
-    parts = name.split(".")
-    if parts[:2] != ["streamlab", "server"] or len(parts) < 3:
-        return None
-    return next((rank for rank, wings in enumerate(SERVER_WINGS) if parts[2] in wings), None)
-
-
-def test_every_server_module_is_in_a_wing() -> None:
-    homeless = [name for name in MODULES if name.startswith("streamlab.server.") and wing_of(name) is None]
-    assert not homeless, f"server modules outside every wing: {homeless}"
-
-
-def test_server_wings_import_down_a_request_s_path() -> None:
-    wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := wing_of(name)) is not None
-             for target in sorted(targets) if (other := wing_of(target)) is not None and other < rank]
-    assert not wrong, "imports up the server's wings:\n" + "\n".join(wrong)
-
-
 # Inside lab/, what each package holds, top to bottom: the experiments use the programs they start and keep results.
 LAB_WINGS: list[tuple[str, ...]] = [
     ("experiments",),
@@ -119,22 +101,28 @@ LAB_WINGS: list[tuple[str, ...]] = [
 ]
 
 
-def lab_wing_of(name: str) -> int | None:
+# A package's wings, top to bottom: a module imports its own wing and those below it.
+WINGS = {"server": SERVER_WINGS, "lab": LAB_WINGS}
+
+
+def wing_of(name: str, package: str) -> int | None:
     parts = name.split(".")
-    if parts[:2] != ["streamlab", "lab"] or len(parts) < 3:
+    if parts[:2] != ["streamlab", package] or len(parts) < 3:
         return None
-    return next((rank for rank, wings in enumerate(LAB_WINGS) if parts[2] in wings), None)
+    return next((rank for rank, wings in enumerate(WINGS[package]) if parts[2] in wings), None)
 
 
-def test_every_lab_module_is_in_a_package() -> None:
-    homeless = [name for name in MODULES if name.startswith("streamlab.lab.") and lab_wing_of(name) is None]
-    assert not homeless, f"lab modules outside every package: {homeless}"
+@pytest.mark.parametrize("package", WINGS)
+def test_every_module_of_a_winged_package_is_in_a_wing(package: str) -> None:
+    homeless = [name for name in MODULES if name.startswith(f"streamlab.{package}.") and wing_of(name, package) is None]
+    assert not homeless, f"{package} modules outside every wing: {homeless}"
 
 
-def test_lab_packages_import_down() -> None:
-    wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := lab_wing_of(name)) is not None
-             for target in sorted(targets) if (other := lab_wing_of(target)) is not None and other < rank]
-    assert not wrong, "imports up lab's packages:\n" + "\n".join(wrong)
+@pytest.mark.parametrize("package", WINGS)
+def test_wings_import_down(package: str) -> None:
+    wrong = [f"{name} -> {target}" for name, targets in GRAPH.items() if (rank := wing_of(name, package)) is not None
+             for target in sorted(targets) if (other := wing_of(target, package)) is not None and other < rank]
+    assert not wrong, f"imports up {package}'s wings:\n" + "\n".join(wrong)
 
 
 def test_every_module_is_in_a_layer() -> None:
