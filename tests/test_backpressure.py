@@ -30,7 +30,8 @@ from streamlab.model.lifecycle import GenerationResult, Piece
 from streamlab.server.wire.anthropic_api import MessagesFormat
 from streamlab.server.config import MAX_QUEUED, SLOW_READER_TIMEOUT, config_from_args, parse_args
 from streamlab.server.wire.formats import StreamlabFormat
-from streamlab.server.answers.jobs import Job, LogRecord
+from streamlab.server.answers.answer import Job
+from streamlab.server.answers.jobs import LogRecord
 from streamlab.server.wire.openai_api import ChatCompletionFormat
 from streamlab.server.answers.upstream import UpstreamGeneration
 from streamlab.protocol.endings import INCOMPLETE_REASONS, MAX_TOKENS, SLOW_READER, STOP_REASONS, STOPPED, stop_reason_for

@@ -2,8 +2,9 @@
 
 Each handler is ``async (client, request, **path_params) -> bool`` and
 returns whether the connection may carry another request. What they share
-lives in its own module: ``jobs`` (generations and their log), ``streams``
-(the one SSE response), ``resumable`` (``/generations``), ``websocket_session``,
+lives in its own module: ``answer`` (one answer's steps, its generation's
+life), ``jobs`` (the line at the door and the log), ``streams`` (the one SSE
+response), ``resumable`` (``/generations``), ``websocket_session``,
 ``responses`` (whole responses and keep-alive), ``guards`` (Host, Origin,
 Content-Type), ``connection`` (reads with deadlines, writes with a timeout).
 """
@@ -33,9 +34,9 @@ from streamlab.net.serving import ClientGone
 from streamlab.server.answers.sources import TokenSource, source_for
 from streamlab.server.wire.formats import Format, StreamlabFormat, error_body
 from streamlab.server.transport.guards import Guards
-from streamlab.server.answers.answer import Answer
+from streamlab.server.answers.answer import Answer, Job
 from streamlab.server.wire.deliveries import EventDelivery, WholeDelivery
-from streamlab.server.answers.jobs import Job, Jobs, LogRecord, title
+from streamlab.server.answers.jobs import Jobs, LogRecord, title
 from streamlab.server.answers.fields import ignored_header
 from streamlab.server.answers.requests import GenerationRequest, parse_generation_request
 from streamlab.server.resources.resumable import GenerationRegistry, Registry
@@ -348,10 +349,8 @@ class Server:
     async def _stream(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
         """The one streaming path of every generating SSE route: the answer's steps as the format's events."""
         answer = Answer(self.jobs, request.path, req, client=client)
-        said = ignored_header(req.ignored)
-        stream = EventStream(client, request, headers=answer.ticket.headers() + said,
-                             accel_header=self.config.accel_header)
-        delivery = EventDelivery(stream, fmt, self._refusal(client, request), said)
+        stream = EventStream(client, request, accel_header=self.config.accel_header)  # its head: the delivery's
+        delivery = EventDelivery(stream, fmt, self._refusal(client, request), ignored_header(req.ignored))
         try:
             await answer.run(delivery)
         except ClientGone:

@@ -31,7 +31,7 @@ from streamlab.protocol.http_fields import HTTPError
 
 if TYPE_CHECKING:
     from streamlab.server.transport.connection import ClientConnection
-    from streamlab.server.answers.jobs import Job, Ticket
+    from streamlab.server.answers.jobs import StartedJob, Ticket
 
 
 def kernel_unsent(sock: Any) -> int | None:
@@ -65,7 +65,7 @@ def _peer(client: ClientConnection) -> str:
     return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
-def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], running: Iterable[Job],
+def snapshot(asker: ClientConnection, clients: Iterable[ClientConnection], running: Iterable[StartedJob],
              waiting: Iterable[Ticket] = ()) -> dict[str, Any]:
     """Every connection's buffers, every running generation's backlog, the line, the process's memory.
 

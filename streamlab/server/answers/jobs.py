@@ -1,15 +1,17 @@
-"""Generation jobs: the line at the door, the user's turn, the running generation, its ``/log`` record, its answer.
+"""The line at the door and the log: who may generate now, who waits, the user's turn, every ``/log`` record.
 
 Every route that generates (``/complete``, ``/stream``, ``/ws``,
-``/generations``) goes through ``Jobs``: it measures the prompt in tokens
-against the context, admits the request (a generation now, while fewer than
-``max_active`` run; else a place in a bounded first-in-first-out line, or 503
-with ``--admission refuse`` or a full line), commits the user's message
-before anything is generated, starts the generation (a thread, or a row of
-the batched engine: the line is in front of both), and at the end closes the
-record and the stored answer with one stop reason (the vocabulary is in
-``streamlab/protocol/endings.py``); a generation that ends hands its place to
-the first in line.
+``/generations``) is admitted by ``Jobs``: it measures the prompt in tokens
+against the context, admits the request (a slot now, while fewer than
+``max_active`` are held; else a place in a bounded first-in-first-out line,
+or 503 with ``--admission refuse`` or a full line), keeps its ``/log``
+record, and commits the user's message when its generation starts. The
+slots are held by tickets, started or not: the line is in front of every
+engine (a thread, or a row of the batched engine). An answer that is over
+gives its slot back with one call (``release``), and the first in line gets
+it. What a generation does meanwhile (its start, its stop, its pieces, its
+finish) is its answer's (``answer.py``, which holds the ticket): nothing here
+knows an answer but as the ``Holder`` that stops it at shutdown.
 """
 
 from __future__ import annotations
@@ -18,27 +20,16 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from contextlib import aclosing, asynccontextmanager, suppress
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Protocol
 
-from streamlab.model.generation import Generation, PieceStream
-from streamlab.model.lifecycle import GenerationResult, Piece
+from streamlab.model.generation import Generation
 from streamlab.protocol.http_fields import HTTPError
-from streamlab.protocol.endings import (
-    CLIENT_LEFT,
-    COMPLETED,
-    EOF,
-    LEAVING_SIGNALS,
-    SERVER_SHUTDOWN,
-    SLOW_READER,
-    STOP_MESSAGE,
-    stop_reason_for,
-)
+from streamlab.protocol.endings import LEAVING_SIGNALS, SERVER_SHUTDOWN, STOP_MESSAGE
 from streamlab.server.store.answers import AnswerWriter
 from streamlab.server.store.database import Store
 from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig, flag
-from streamlab.server.transport.connection import ClientConnection, in_background
 from streamlab.net.serving import ClientGone
 from streamlab.server.answers.requests import GenerationRequest, check_context
 from streamlab.server.answers.silence import Silence
@@ -124,14 +115,30 @@ class Turn:
     messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream source is sent)
 
 
+class StartedJob(Protocol):
+    """What the line knows of a started generation (``answer.Job``): what ``/health``, ``/debug/queues`` and
+    ``/conversations`` read of those running, and what ``wait_all`` waits for."""
+
+    generation: Generation
+    record: LogRecord
+    answer: AnswerWriter
+
+
+class Holder(Protocol):
+    """Who holds a ticket (``answer.Answer``): what stops its generation, or takes it out of line, at shutdown."""
+
+    def stop(self, signal: str) -> None: ...
+
+
 @dataclass(eq=False)
 class Ticket:
-    """One admitted request until its generation starts: its place in line (``ahead``), or the slot it was given.
+    """One admitted request: its place in line (``ahead``), or the slot it was given, until its answer is over.
 
     The prompt was measured at the door (what cannot fit waits for nothing);
     the user's turn is committed when the generation starts (earlier only for
     ``/generations``, whose 201 names it), so one who leaves the line leaves
-    nothing in the store.
+    nothing in the store. ``holder`` is the answer that holds it; ``job`` is
+    its generation once that started (set by the answer; None until then).
     """
 
     req: GenerationRequest
@@ -144,6 +151,8 @@ class Ticket:
     granted: bool = False  # its turn came: a slot is held for it
     started: bool = False
     left: str | None = None  # the signal it left the line with, before its generation started
+    holder: Holder | None = None
+    job: StartedJob | None = None
     _moved: asyncio.Future | None = None
 
     @property
@@ -160,29 +169,6 @@ class Ticket:
         if self._moved is not None and not self._moved.done():
             self._moved.set_result(True)
 
-    def headers(self) -> list[tuple[str, str]]:
-        """A waiting reader's head: its request id, and its conversation when that exists already."""
-        conversation_id = self.turn.conversation_id if self.turn is not None else self.req.conversation_id
-        return [("X-Request-Id", self.record.id), *([("X-Conversation-Id", conversation_id)] if conversation_id else [])]
-
-
-@dataclass(eq=False)
-class Job:
-    """One generation request: the running ``Generation``, its log record, and its answer in the store."""
-
-    generation: Generation
-    record: LogRecord
-    answer: AnswerWriter
-    over: asyncio.Event = field(default_factory=asyncio.Event)  # set once record and answer are final
-    finishing: asyncio.Future | None = None  # the one finish of this job (see Jobs.finish)
-
-    def ids(self) -> dict[str, str | None]:
-        """Where the answer is stored: what a client needs to continue the conversation or read it back."""
-        return {"conversation_id": self.record.conversation_id, "message_id": self.record.message_id}
-
-    def headers(self) -> list[tuple[str, str]]:
-        return [("X-Request-Id", self.record.id), ("X-Conversation-Id", self.record.conversation_id or "")]
-
 
 def title(prompt: str) -> str:
     """A conversation's title for a list of them: its first message, on one line, cut short."""
@@ -191,15 +177,14 @@ def title(prompt: str) -> str:
 
 
 class Jobs:
-    """Every generation the server runs, the line of those waiting for their turn, and the log."""
+    """The line at the door: the slots and who holds them, those waiting for their turn, and the log."""
 
     def __init__(self, source: TokenSource, config: ServerConfig, store: Store) -> None:
         self.source = source  # the model here, an upstream, or a script
         self.config = config
         self.store = store
-        self.running: set[Job] = set()
         self.queue: deque[Ticket] = deque()  # the line, first in first out
-        self.granted: set[Ticket] = set()  # their turn came, their generation not started yet: slots taken
+        self.holders: set[Ticket] = set()  # their turn came (their generation started or not): the slots taken
         self.left_queue = 0  # readers who left the line before their turn
         self.closing = False  # the server is going away: nobody new is let in
         self.log: OrderedDict[str, LogRecord] = OrderedDict()
@@ -208,12 +193,17 @@ class Jobs:
     def new_id(self) -> str:
         return str(next(self._ids))
 
+    @property
+    def running(self) -> list[StartedJob]:
+        """The generations that started and are not over yet."""
+        return [ticket.job for ticket in self.holders if ticket.job is not None]
+
     def admit(self, path: str, req: GenerationRequest, request_id: str | None = None, *,
               turn: Turn | None = None, generation_id: str | None = None) -> Ticket:
         """Measure the request, then give it a generation now, a place in line, or a 503.
 
-        A generation now while fewer than ``max_active`` run (or are about to:
-        ``granted``) and nobody waits, so a newcomer never overtakes the line.
+        A generation now while fewer than ``max_active`` slots are held
+        (``holders``: running, or about to) and nobody waits, so a newcomer never overtakes the line.
         Otherwise, with ``--admission queue``, the end of the line, while it
         is shorter than ``max_waiting``. Everything else is refused early with
         503 and ``Retry-After``, before anything is stored. Nothing here
@@ -222,7 +212,7 @@ class Jobs:
         """
         prompt_ids, messages = (turn.prompt_ids, turn.messages) if turn is not None else self.measure(req)
         config = self.config
-        taken = len(self.running) + len(self.granted)
+        taken = len(self.holders)
         if self.closing:
             raise busy("the server is shutting down")
         if taken < config.max_active and not self.queue:
@@ -245,7 +235,7 @@ class Jobs:
             self.log.popitem(last=False)
         if ahead is None:
             ticket.granted = True
-            self.granted.add(ticket)
+            self.holders.add(ticket)
         else:
             self.queue.append(ticket)
         return ticket
@@ -265,23 +255,21 @@ class Jobs:
         finally:
             silence.close()
 
-    async def wait_turn(self, client: ClientConnection | None, ticket: Ticket,
-                        tell: Callable[[int | None], Awaitable[None]] | None = None) -> bool:
+    async def wait_turn(self, ticket: Ticket, tell: Callable[[int | None], Awaitable[None]] | None = None) -> bool:
         """Wait in line for the ticket's turn: True once it came, False if the reader left first.
 
         ``tell(ahead)`` gets the reader's place on arrival and at every change,
         and ``None`` when a keep-alive is due (every ``ping_interval`` of
-        silence). With a ``client`` its connection is watched meanwhile: EOF
-        takes the reader out of line at once (a WebSocket session watches its
-        own frames instead). A write that fails does the same, and raises.
+        silence). A write that fails (``tell`` raised ``ClientGone``) takes
+        the reader out of line at once, and raises; whoever watches the
+        reader meanwhile (``Answer.watching``: its EOF) calls ``leave``.
         """
         if ticket.waiting:
             try:
-                async with self.watching(client, ticket):
-                    async with aclosing(self.in_queue(ticket, self.config.ping_interval)) as places:
-                        async for ahead in places:
-                            if tell is not None:
-                                await tell(ahead)
+                async with aclosing(self.in_queue(ticket, self.config.ping_interval)) as places:
+                    async for ahead in places:
+                        if tell is not None:
+                            await tell(ahead)
             except ClientGone as gone:
                 self.leave(ticket, gone.signal)
                 raise
@@ -304,8 +292,7 @@ class Jobs:
             ticket.ahead = None
             self._renumber()
         else:
-            self.granted.discard(ticket)
-            self._grant()
+            self.release(ticket)
         self.left_queue += 1
         record = ticket.record
         record.stop_signal, record.tokens_at_stop = signal, 0
@@ -318,13 +305,22 @@ class Jobs:
         ticket._notify()
         return True
 
+    def release(self, ticket: Ticket) -> None:
+        """The ticket's answer is over (its generation finished, it failed to start, it left): its slot is free.
+
+        The slot goes to the first in line at once. Releasing twice, or a
+        ticket that holds none, does nothing more than granting free slots.
+        """
+        self.holders.discard(ticket)
+        self._grant()
+
     def _grant(self) -> None:
         """Hand every free slot to the first in line, then tell the rest their new places."""
         moved = False
-        while self.queue and len(self.running) + len(self.granted) < self.config.max_active and not self.closing:
+        while self.queue and len(self.holders) < self.config.max_active and not self.closing:
             ticket = self.queue.popleft()
             ticket.ahead, ticket.granted = None, True
-            self.granted.add(ticket)
+            self.holders.add(ticket)
             ticket._notify()
             moved = True
         if moved:
@@ -374,107 +370,22 @@ class Jobs:
             ticket.record.conversation_id = ticket.turn.conversation_id
         return ticket.turn
 
-    # -- a job's life -----------------------------------------------------------
-
-    def start(self, ticket: Ticket) -> Job:
-        """Its turn came: commit the user's turn (unless done), open the answer's row, start the generation."""
-        if not ticket.granted or ticket.started or ticket.left is not None:
-            raise RuntimeError("a generation starts once, when its ticket's turn has come")
-        ticket.started = True
-        self.granted.discard(ticket)
-        config, record = self.config, ticket.record
-        if record.queue_position is not None:
-            record.queued_s = time.monotonic() - ticket.arrived
-        record.started = time.time()
-        try:
-            turn = self.commit_ticket(ticket)
-            generation = self.source.generation(ticket.req, turn.prompt_ids, turn.messages, config, record.count_tokens)
-            if isinstance(generation, PieceStream):  # the backpressure policy, whichever engine makes the pieces
-                generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
-            answer = self.store.begin_answer(turn.conversation_id)
-        except BaseException as exc:
-            record.error, record.ended, record.done = f"could not start: {exc!r}", time.time(), True
-            self._grant()  # the slot it was given is free again
-            raise
-        record.message_id = answer.message_id
-        job = Job(generation, record, answer)
-        self.running.add(job)
-        generation.start()
-        return job
-
-    def stop(self, job: Job, signal: str) -> None:
-        """Note why the reader is gone (the first signal wins) and, unless naive, stop generating.
-
-        The generation checks its stop flag before every token and every
-        prompt chunk, so it ends within one. A naive server notes the signal
-        and carries on.
-        """
-        record = job.record
-        if record.stop_signal is None:
-            record.stop_signal = signal
-            record.tokens_at_stop = record.tokens
-        record.client_left |= signal in LEAVING_SIGNALS
-        record.said_stop |= signal == STOP_MESSAGE
-        if not self.config.naive or signal == SERVER_SHUTDOWN:
-            job.generation.stop(signal)
-
-    async def finish(self, job: Job) -> GenerationResult:
-        """Wait for the generation thread to end (a naive one runs on), then close the record and the answer.
-
-        Any number of callers may wait for it; the closing happens once.
-        ``done`` is set last, so whoever waits for it (``client.wait_log``)
-        finds the store already final.
-        """
-        if job.finishing is None:
-            job.finishing = asyncio.ensure_future(self._finish(job))
-        return await asyncio.shield(job.finishing)
-
-    async def _finish(self, job: Job) -> GenerationResult:
-        result = await job.generation.wait()
-        record = job.record
-        if job.generation.stopped_by == SLOW_READER and record.stop_signal != SLOW_READER:
-            # It stopped itself, before any other signal reached it (its stopped_by is the first).
-            record.stop_signal, record.tokens_at_stop = SLOW_READER, result.tokens
-        record.tokens = result.tokens
-        record.prompt_tokens = record.prompt_tokens or result.prompt_tokens  # an upstream counts it
-        record.prompt_tokens_read = job.generation.prompt_tokens_read
-        record.stop_reason = result.stop_reason
-        record.error = result.error
-        record.stored_reason = stop_reason_for(result.stop_reason, record.stop_signal)
-        # A naive server whose model finished after its reader left: the model
-        # completed, but what was sent, and stored, is only part of it.
-        if record.stored_reason == COMPLETED and job.answer.text != result.text:
-            record.stored_reason = CLIENT_LEFT
-        job.answer.finish(record.stored_reason, error=result.error)
-        record.ended = time.time()
-        record.done = True
-        self.running.discard(job)
-        self._grant()  # its slot goes to the first in line
-        job.over.set()
-        return result
-
-    @asynccontextmanager
-    async def watching(self, client: ClientConnection | None, job: Job | Ticket) -> AsyncIterator[None]:
-        """While the response is produced (or the reader waits in line), read the connection: EOF means the reader left.
-
-        HTTP/1.1 gives a server no other sign. The read returns ``b""`` the
-        moment the client's FIN arrives, usually long before a write would
-        fail. A naive server skips this and learns only from a failed write.
-        """
-        if self.config.naive or client is None:
-            yield
-            return
-        gone = (lambda: self.leave(job, EOF)) if isinstance(job, Ticket) else (lambda: self.stop(job, EOF))
-        async with in_background(client.watch_for_eof(gone)):
-            yield
+    # -- the server going away ------------------------------------------------------
 
     def stop_all(self) -> None:
-        """The server is going away: let nobody else in, empty the line, stop every generation (naive ones too)."""
+        """The server is going away: let nobody else in, empty the line, stop every generation (naive ones too).
+
+        Those not started leave (their slots go to nobody: the line is
+        closed); each started one is stopped by its holder, as its reader's
+        stop would be, with ``SERVER_SHUTDOWN``, which stops a naive one too.
+        """
         self.closing = True
-        for ticket in [*self.queue, *self.granted]:
-            self.leave(ticket, SERVER_SHUTDOWN)
-        for job in list(self.running):
-            self.stop(job, SERVER_SHUTDOWN)
+        for ticket in [*self.queue, *self.holders]:
+            if not ticket.started:
+                self.leave(ticket, SERVER_SHUTDOWN)
+        for ticket in list(self.holders):
+            if ticket.job is not None and ticket.holder is not None:
+                ticket.holder.stop(SERVER_SHUTDOWN)
 
     async def wait_all(self) -> None:
         """Let the threads see their stop flag and return."""
@@ -482,50 +393,3 @@ class Jobs:
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(job.generation.wait(), 2.0)
 
-
-async def pieces_or_pings(generation: PieceStream, interval: float) -> AsyncIterator[Piece | None]:
-    """Yield each piece as it is made, or ``None`` after ``interval`` seconds of silence.
-
-    ``None`` is the caller's cue to send a keep-alive (an SSE comment, a
-    WebSocket ping) so that proxies and load balancers, which close
-    connections idle for 60-100 s, keep this one open while the model thinks.
-    One timer per stream, and one future per wait for a piece (the queue's
-    ``ready()``): no task per piece, and a timeout that cancels nothing.
-    """
-    silence = Silence(interval)
-    pieces = generation.pieces(silence.wait)
-    try:
-        async for piece in pieces:
-            yield piece
-    finally:
-        silence.close()
-        await pieces.aclose()
-
-
-async def delivered(job: Job, ping_interval: float, *, counted: bool = True) -> AsyncIterator[Piece | None]:
-    """The pieces to send (``None``: time for a keep-alive); each counted and stored once it was sent.
-
-    The bookkeeping after ``yield`` runs only when the caller asks for the
-    next piece, i.e. after its write of this one succeeded: the stored
-    answer is what left the server, never more. The server's copy is the
-    record, not the client's: the client may be gone, or may not tell the truth.
-    ``counted`` false: the pieces are stored, not counted as sent (a whole
-    answer is sent once, at its end).
-
-    It reads the source with its keep-alive timer itself, as
-    ``pieces_or_pings`` does, rather than through it: every async generator
-    between a piece and the socket is one more frame to resume, and one more
-    object made, for every event (at 1,000 streams a ``perf`` profile of chapter
-    11's benchmark showed twice uvicorn + Starlette's share in resuming them).
-    """
-    record, answer, silence = job.record, job.answer, Silence(ping_interval)
-    pieces = job.generation.pieces(silence.wait)
-    try:
-        async for piece in pieces:
-            yield piece
-            if piece is not None:
-                record.pieces_sent += counted
-                answer.append(piece.text, piece.tokens)
-    finally:
-        silence.close()
-        await pieces.aclose()

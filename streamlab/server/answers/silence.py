@@ -1,6 +1,6 @@
 """``Silence``: one timer per stream that says when a keep-alive is due, whatever the stream waits for.
 
-A reader waits for its next piece (``jobs.pieces_or_pings``) or for its turn
+A reader waits for its next piece (``answer.pieces_or_pings``) or for its turn
 in line (``Jobs.in_queue``); either way, a silence of ``interval`` seconds
 must end with a keep-alive, so that no proxy or load balancer (which close
 connections idle for 60-100 s) cuts it. It has a module of its own because

@@ -31,8 +31,8 @@ from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import answer_ending, place_data, text_data
 from streamlab.model.lifecycle import Piece
-from streamlab.server.answers.answer import Answer
-from streamlab.server.answers.jobs import Job, Jobs, LogRecord, Ticket, Turn
+from streamlab.server.answers.answer import Answer, Job
+from streamlab.server.answers.jobs import Jobs, LogRecord, Ticket, Turn
 from streamlab.server.answers.requests import GenerationRequest, last_event_id
 from streamlab.server.transport.streams import EventStream
 

@@ -19,7 +19,8 @@ from typing import Any
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import Format
-from streamlab.server.answers.jobs import Job, Ticket
+from streamlab.server.answers.answer import Job
+from streamlab.server.answers.jobs import Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
 from streamlab.server.answers.requests import (
     GenerationRequest, any_text, content_text, json_object, last_user_text, stop_field, transcript,

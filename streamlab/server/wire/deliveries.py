@@ -9,7 +9,7 @@ and the APIs' ``stream: false`` a :class:`WholeDelivery`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from streamlab.model.lifecycle import Piece
 from streamlab.protocol.endings import LEAVING_SIGNALS, SERVER_SHUTDOWN
@@ -17,12 +17,10 @@ from streamlab.protocol.http_head import Request
 from streamlab.server.transport import responses
 from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.wire.formats import Format
-from streamlab.server.answers.jobs import Job, busy
+from streamlab.server.answers.answer import Answer, Job
+from streamlab.server.answers.jobs import busy
 from streamlab.server.answers.sources import gateway_failure
 from streamlab.server.transport.streams import EventStream
-
-if TYPE_CHECKING:
-    from streamlab.server.answers.answer import Answer
 
 # How a route refuses for an upstream that failed (502, 504...): ``(job, (status, message))``, in its API's body.
 GatewayRefusal = Callable[[Job, tuple[int, str]], Awaitable[None]]
@@ -38,7 +36,7 @@ async def upstream_failure(answer: Answer) -> tuple[int, str] | None:
     job = answer.job
     if not job.generation.relayed:
         return None
-    async with answer.jobs.watching(answer.client, job):
+    async with answer.watching():
         await job.generation.answered()
     return gateway_failure(job.generation)
 
@@ -63,7 +61,8 @@ class EventDelivery:
 
     async def place(self, answer: Answer, ahead: int | None) -> None:
         stream = self.stream
-        if not stream.opened:
+        if not stream.opened:  # a reader in line gets its head at once: its request id, its conversation if any
+            stream.headers = answer.headers() + self.headers
             await stream.open()
         if ahead is None:
             await stream.send_or_ping(self.fmt.silence())

@@ -20,8 +20,8 @@ from streamlab.protocol.endings import ERROR, INCOMPLETE_REASONS, SERVER_SHUTDOW
 from streamlab.server.transport.events import Event
 
 if TYPE_CHECKING:
-    from streamlab.server.answers.answer import Answer
-    from streamlab.server.answers.jobs import Job, Ticket
+    from streamlab.server.answers.answer import Answer, Job
+    from streamlab.server.answers.jobs import Ticket
 
 
 # -- streamlab's own payloads: every body below, and every other transport's, is made of these -------------

@@ -23,7 +23,8 @@ from streamlab.protocol import sse
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import Format
-from streamlab.server.answers.jobs import Job, Ticket
+from streamlab.server.answers.answer import Job
+from streamlab.server.answers.jobs import Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
 from streamlab.server.answers.requests import (
     GenerationRequest, any_text, json_object, last_user_text, stop_field, transcript,
