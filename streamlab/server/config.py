@@ -186,6 +186,12 @@ COMMAND = Settings(
             " many tokens/s (to measure the server alone)", type=float, metavar="TOKENS_PER_S",
             show="none: a real model", field=False),
     Setting("exit_on_stdin_eof", False, "", "exit when stdin closes (the parent died)", switch=True, field=False),
+    # One model load serving several configurations: the chapters start their servers so (a load is
+    # seconds of imports each), and a line "stop PORT" on stdin closes one of them.
+    Setting("also", (), "", "serve another listener from this process and its loaded model: FLAGS are its own serve"
+            " flags (its port, store and limits; not the model's), e.g. --also='--port 8001 --naive'; unless they"
+            " name them, a free port and a store beside the first's (streamlab-2.db, -3...) (repeatable)",
+            repeat=True, type=str, metavar="FLAGS", field=False),
     # The standard library's loop by default: the server is pure Python, and what it costs is its own.
     # uvloop (libuv, in C) is what uvicorn picks by itself when it is installed, so benchmarks/many_streams.py
     # runs every stack, ours included, on one loop or the other (see command.loop_factory).

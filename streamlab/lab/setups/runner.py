@@ -30,20 +30,23 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from streamlab.client.timed import get_json_sync
 from streamlab.lab.results.records import REPO
 from streamlab.net.processes import READY_LINE, log_tail, start_and_wait, stop_process
+from streamlab.net.serving import STOP_LISTENER
 
 DATA = "STREAMLAB_DATA"  # the folder of a server's store when no --db names its file
 
@@ -59,6 +62,7 @@ class RunningServer:
     log_path: Path
     stdout_lines: list[str] = field(default_factory=list)
     data_dir: Path | None = None  # its throwaway STREAMLAB_DATA, removed when it stops (None: --db or the caller's)
+    shared: SharedProcess | None = None  # one listener of several in one process (``start_servers(one_process=True)``)
 
     def logs(self) -> list[dict[str, Any]]:
         """The server's ``GET /log``: one record per generation request."""
@@ -73,7 +77,13 @@ class RunningServer:
         return log_tail(self.log_path, last)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL; return the exit code. Its throwaway store goes with it."""
+        """SIGTERM, wait, then SIGKILL; return the exit code. Its throwaway store goes with it.
+
+        One listener of several in a process closes alone (``stop PORT`` on
+        the process's stdin; None); the last one stops the process.
+        """
+        if self.shared is not None and self.shared.others_listen(self, timeout):
+            return None
         try:
             return stop_process(self.process, timeout)
         finally:
@@ -83,7 +93,8 @@ class RunningServer:
         """SIGKILL, as a crash or the OOM killer would: the server gets no chance to write anything.
 
         Its throwaway store goes too: to start a server again on what the
-        killed one left, give both the same ``--db``.
+        killed one left, give both the same ``--db``. A process serving
+        several listeners takes them all along.
         """
         self.process.kill()
         try:
@@ -94,6 +105,36 @@ class RunningServer:
     def _remove_store(self) -> None:
         if self.data_dir is not None and self.process.poll() is not None:
             remove_store(self.data_dir)
+
+
+class SharedProcess:
+    """The listeners one ``serve --also`` process holds: stopping one closes it alone, the last stops the process."""
+
+    def __init__(self) -> None:
+        self.listening: list[RunningServer] = []
+        self._lock = threading.Lock()
+
+    def others_listen(self, member: RunningServer, timeout: float) -> bool:
+        """Close ``member``'s listener alone if another still listens (True); False: it is the last, stop it all."""
+        with self._lock:
+            if member not in self.listening:
+                return bool(self.listening)
+            self.listening.remove(member)
+            if not self.listening or member.process.poll() is not None or member.process.stdin is None:
+                return False
+            answered = len(member.stdout_lines)
+            try:
+                member.process.stdin.write(f"{STOP_LISTENER} {member.port}\n".encode())
+                member.process.stdin.flush()
+            except OSError:
+                return False  # the process is gone already
+        said = f"streamlab: stopped {member.port}"
+        deadline = time.monotonic() + timeout
+        while said not in member.stdout_lines[answered:] and time.monotonic() < deadline:
+            if member.process.poll() is not None:
+                break
+            time.sleep(0.01)
+        return True
 
 
 # Throwaway stores not yet removed, with the process that uses each: at exit, those whose process has ended go
@@ -281,19 +322,64 @@ def serve_in_process(lm: Any, **config: Any) -> Iterator[Any]:
 # --------------------------------------------------------------------------
 
 
-def start_servers(servers: dict[str, Sequence[str]], *, model_name: str | None = None) -> dict[str, Any]:
+def start_servers(servers: dict[str, Sequence[str]], *, model_name: str | None = None,
+                  one_process: bool = False, ready_timeout: float = 180.0) -> dict[str, Any]:
     """Start every server a chapter needs at once (``label -> serve arguments``): label -> running server.
 
     Each start is seconds of imports and loading the model, so a chapter
     starts its servers once, together, at the top, and stops them at the end.
     ``model_name`` adds ``--model`` to every server that loads one (not to
     ``--upstream`` relays). If one fails, the others are stopped and its error raised.
+
+    ``one_process``: every server a listener of one process that loads the
+    model once (``serve --also``), for servers measured one after another:
+    they share its CPU, its event loop and its model, and a ``kill()`` takes
+    them all. Each still has its own port, store, limits and ``/log``.
     """
     def args(extra: Sequence[str]) -> list[str]:
         relay = "--upstream" in extra or "--scripted-rate" in extra
         return [*extra, *(["--model", model_name] if model_name and not relay else [])]
 
+    if one_process and len(servers) > 1:
+        return start_listeners({label: list(extra) for label, extra in servers.items()},
+                               model=["--model", model_name] if model_name else [], ready_timeout=ready_timeout)
     return _start_together({label: server_command(*args(extra)) for label, extra in servers.items()}, "streamlab-serve")
+
+
+def start_listeners(listeners: dict[str, list[str]], *, model: Sequence[str] = (),
+                    ready_timeout: float = 180.0) -> dict[str, RunningServer]:
+    """One ``python -m streamlab serve`` with a listener per label (the first's flags, then ``--also`` each other's).
+
+    ``model``: the process's own flags (``--model NAME``, a scripted rate...),
+    given once. Returns label -> running server, one per listener, all of
+    them one process.
+    """
+    labels = list(listeners)
+    first, *others = (listeners[label] for label in labels)
+    command = server_command(*first, *model, *(f"--also={shlex.join(extra)}" for extra in others))
+    running = start_process(command, ready_timeout=ready_timeout, name="streamlab-serve")
+    urls = _all_listening(running, len(labels), ready_timeout)
+    shared = SharedProcess()
+    members = {}
+    for label, url in zip(labels, urls):
+        member = replace(running, port=int(url.rsplit(":", 1)[1]), url=url, shared=shared)
+        members[label] = member
+        shared.listening.append(member)
+    return members
+
+
+def _all_listening(running: RunningServer, count: int, timeout: float) -> list[str]:
+    """The URLs of a process's ``count`` listeners, from its ``listening on`` lines (printed one after another)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        urls = [match.group(1) for line in list(running.stdout_lines) if (match := READY_LINE.search(line))]
+        if len(urls) >= count:
+            return urls[:count]
+        if running.process.poll() is not None or time.monotonic() > deadline:
+            running.stop()
+            raise RuntimeError(f"{' '.join(running.args)} said {len(urls)} of {count} 'listening on' lines"
+                               f" (exit code {running.process.poll()}).\n--- stderr (tail) ---\n{running.stderr()}")
+        time.sleep(0.01)
 
 
 def start_proxies(proxies: dict[str, Sequence[str]]) -> dict[str, Any]:
