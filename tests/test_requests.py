@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlab.protocol.http_fields import HTTPError
-from streamlab.server.answers.requests import STREAM, WS_MESSAGE, check_context, json_depth, load_json, parse_generation_request
+from streamlab.server.answers.jobs import check_context
+from streamlab.server.answers.requests import STREAM, WS_MESSAGE, json_depth, load_json, parse_generation_request
 
 
 def test_request_defaults():

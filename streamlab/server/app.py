@@ -34,10 +34,9 @@ from streamlab.net.serving import ClientGone
 from streamlab.server.answers.sources import TokenSource, source_for
 from streamlab.server.wire.formats import Format, StreamlabFormat, error_body
 from streamlab.server.transport.guards import Guards
-from streamlab.server.answers.answer import Answer, Job
+from streamlab.server.answers.answer import Answer, Job, title
 from streamlab.server.wire.deliveries import EventDelivery, WholeDelivery
-from streamlab.server.answers.jobs import Jobs, LogRecord, title
-from streamlab.server.answers.fields import ignored_header
+from streamlab.server.answers.jobs import Jobs, LogRecord
 from streamlab.server.answers.requests import GenerationRequest, parse_generation_request
 from streamlab.server.resources.resumable import GenerationRegistry, Registry
 from streamlab.server.resources.shared_log import SharedRegistry
@@ -339,7 +338,7 @@ class Server:
     async def _whole(self, client: ClientConnection, request: Request, req: GenerationRequest, fmt: Format) -> bool:
         """The whole answer in one JSON body, in the route's format (``WholeDelivery``); True: keep the connection."""
         answer = Answer(self.jobs, request.path, req, client=client, counts_pieces=False)
-        delivery = WholeDelivery(client, request, fmt, self._refusal(client, request), ignored_header(req.ignored))
+        delivery = WholeDelivery(client, request, fmt, self._refusal(client, request))
         try:
             await answer.run(delivery)
         except ClientGone:
@@ -350,7 +349,7 @@ class Server:
         """The one streaming path of every generating SSE route: the answer's steps as the format's events."""
         answer = Answer(self.jobs, request.path, req, client=client)
         stream = EventStream(client, request, accel_header=self.config.accel_header)  # its head: the delivery's
-        delivery = EventDelivery(stream, fmt, self._refusal(client, request), ignored_header(req.ignored))
+        delivery = EventDelivery(stream, fmt, self._refusal(client, request))
         try:
             await answer.run(delivery)
         except ClientGone:

@@ -13,8 +13,8 @@ stored answer, its slot handed on), or, when it never started, its place
 given up.
 
 Every step of the job's life between the door and the slot given back is
-here, in order: its start (the user's turn committed through the line, the
-generation made by the source, its backpressure set, its answer's row
+here, in order: its start (the user's turn committed to the store, unless
+``/generations`` did it at its POST, the generation made by the source, its backpressure set, its answer's row
 opened, the generation started; a start that fails is noted on the record
 and frees the slot), the watch on the reader's connection while it waits and
 while it is delivered (EOF: ``stop``), each piece handed to the delivery and
@@ -53,6 +53,7 @@ from streamlab.protocol.endings import (
     stop_reason_for,
 )
 from streamlab.server.store.answers import AnswerWriter
+from streamlab.server.store.database import Store
 from streamlab.server.transport.connection import ClientConnection, in_background
 from streamlab.net.serving import ClientGone
 from streamlab.server.answers.jobs import Jobs, LogRecord, Ticket, Turn
@@ -125,6 +126,28 @@ class Delivery(Protocol):
         """After ``end``, to a reader still there: how it ended (or that its turn never came)."""
 
 
+TITLE_CHARS = 60  # a conversation's title: the start of its first message
+
+
+def title(prompt: str) -> str:
+    """A conversation's title for a list of them: its first message, on one line, cut short."""
+    line = " ".join(prompt.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "\u2026"
+
+
+def commit_turn(store: Store, req: GenerationRequest, prompt_ids: list[int],
+                messages: tuple[dict[str, str], ...]) -> Turn:
+    """Commit the user's message before anything is generated: a crash can lose (part of) an answer, never the question."""
+    conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
+    user = store.add_user_message(conversation_id, req.prompt)
+    return Turn(conversation_id, user.id, prompt_ids, messages)
+
+
+def begin_turn(jobs: Jobs, req: GenerationRequest) -> Turn:
+    """Measure the prompt at the door, then commit the user's message (nothing is stored for a request refused)."""
+    return commit_turn(jobs.store, req, *jobs.measure(req))
+
+
 class Answer:
     """One request's answer: its ticket in line, then its job; its phase; how its reader went, if it did.
 
@@ -167,6 +190,14 @@ class Answer:
         conversation_id = ticket.turn.conversation_id if ticket.turn is not None else ticket.req.conversation_id
         return [("X-Request-Id", ticket.record.id), *([("X-Conversation-Id", conversation_id)] if conversation_id else [])]
 
+    def commit_turn(self) -> Turn:
+        """Commit its turn now, while it may still wait (``/generations``: its 201 names the conversation)."""
+        ticket = self.ticket
+        if ticket.turn is None:
+            ticket.turn = commit_turn(self.jobs.store, ticket.req, ticket.prompt_ids, ticket.messages)
+            ticket.record.conversation_id = ticket.turn.conversation_id
+        return ticket.turn
+
     def start(self) -> Job:
         """Its turn came: commit the user's turn (unless done), open the answer's row, start the generation.
 
@@ -183,7 +214,7 @@ class Answer:
             record.queued_s = time.monotonic() - ticket.arrived
         record.started = time.time()
         try:
-            turn = jobs.commit_ticket(ticket)
+            turn = self.commit_turn()
             generation = jobs.source.generation(ticket.req, turn.prompt_ids, turn.messages, config, record.count_tokens)
             if isinstance(generation, PieceStream):  # the backpressure policy, whichever engine makes the pieces
                 generation.set_backpressure(config.max_queued, config.slow_reader_timeout)

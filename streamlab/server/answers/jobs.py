@@ -31,14 +31,13 @@ from streamlab.server.store.answers import AnswerWriter
 from streamlab.server.store.database import Store
 from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig, flag
 from streamlab.net.serving import ClientGone
-from streamlab.server.answers.requests import GenerationRequest, check_context
+from streamlab.server.answers.requests import GenerationRequest
 from streamlab.server.answers.silence import Silence
 from streamlab.server.transport.responses import Refused
 
 if TYPE_CHECKING:
     from streamlab.server.answers.sources import TokenSource
 
-TITLE_CHARS = 60  # a conversation's title: the start of its first message
 
 
 def busy(message: str) -> Refused:
@@ -170,10 +169,18 @@ class Ticket:
             self._moved.set_result(True)
 
 
-def title(prompt: str) -> str:
-    """A conversation's title for a list of them: its first message, on one line, cut short."""
-    line = " ".join(prompt.split())
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "\u2026"
+def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:
+    """Refuse, before any compute, a request that cannot fit the model's context window.
+
+    Counted in tokens, the unit the model reads: a byte limit lets 8,300 digits
+    (8,300 tokens) through while refusing a shorter text in a script that
+    costs 3 bytes a character.
+    """
+    if context is not None and prompt_tokens + max_tokens > context:
+        raise HTTPError(400, 
+            f"the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}: together"
+            f" {prompt_tokens + max_tokens}, more than the model's context of {context} tokens"
+        )
 
 
 class Jobs:
@@ -351,24 +358,6 @@ class Jobs:
         if prompt_ids:
             check_context(len(prompt_ids), req.max_tokens, self.source.context_length)
         return prompt_ids, tuple(messages)
-
-    def commit_turn(self, req: GenerationRequest, prompt_ids: list[int], messages: tuple[dict[str, str], ...]) -> Turn:
-        """Commit the user's message before anything is generated: a crash can lose (part of) an answer, never the question."""
-        store = self.store
-        conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
-        user = store.add_user_message(conversation_id, req.prompt)
-        return Turn(conversation_id, user.id, prompt_ids, messages)
-
-    def begin_turn(self, req: GenerationRequest) -> Turn:
-        """Measure the prompt, then commit the user's message (nothing is stored for a request refused)."""
-        return self.commit_turn(req, *self.measure(req))
-
-    def commit_ticket(self, ticket: Ticket) -> Turn:
-        """Commit a ticket's turn now, while it may still wait (``/generations``: its 201 names the conversation)."""
-        if ticket.turn is None:
-            ticket.turn = self.commit_turn(ticket.req, ticket.prompt_ids, ticket.messages)
-            ticket.record.conversation_id = ticket.turn.conversation_id
-        return ticket.turn
 
     # -- the server going away ------------------------------------------------------
 

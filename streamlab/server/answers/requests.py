@@ -209,20 +209,6 @@ def parse_generation_request(body: bytes | str, schema: Schema = STREAM) -> Gene
     return GenerationRequest(**values)
 
 
-def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:
-    """Refuse, before any compute, a request that cannot fit the model's context window.
-
-    Counted in tokens, the unit the model reads: a byte limit lets 8,300 digits
-    (8,300 tokens) through while refusing a shorter text in a script that
-    costs 3 bytes a character.
-    """
-    if context is not None and prompt_tokens + max_tokens > context:
-        raise bad(
-            f"the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}: together"
-            f" {prompt_tokens + max_tokens}, more than the model's context of {context} tokens"
-        )
-
-
 def last_event_id(request: Request) -> int | None:
     """The ``Last-Event-ID`` of a reconnecting ``EventSource``: None when absent or not one of ours.
 

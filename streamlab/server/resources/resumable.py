@@ -31,7 +31,7 @@ from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import answer_ending, place_data, text_data
 from streamlab.model.lifecycle import Piece
-from streamlab.server.answers.answer import Answer, Job
+from streamlab.server.answers.answer import Answer, Job, begin_turn
 from streamlab.server.answers.jobs import Jobs, LogRecord, Ticket, Turn
 from streamlab.server.answers.requests import GenerationRequest, last_event_id
 from streamlab.server.transport.streams import EventStream
@@ -243,12 +243,12 @@ class Registry:
         """
         generation_id = uuid.uuid4().hex
         if self.config.forget:
-            resource = GenerationResource(generation_id, req, self.jobs.begin_turn(req), keeps_events=False)
+            resource = GenerationResource(generation_id, req, begin_turn(self.jobs, req), keeps_events=False)
             self._remember(resource)
             return resource
         answer = Answer(self.jobs, "/generations", req, generation_id=generation_id, client=None)
         try:
-            turn = self.jobs.commit_ticket(answer.ticket)
+            turn = answer.commit_turn()
         except BaseException:
             answer.stop(ERROR)
             raise

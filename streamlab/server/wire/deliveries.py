@@ -19,6 +19,7 @@ from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.wire.formats import Format
 from streamlab.server.answers.answer import Answer, Job
 from streamlab.server.answers.jobs import busy
+from streamlab.server.answers.fields import ignored_header
 from streamlab.server.answers.sources import gateway_failure
 from streamlab.server.transport.streams import EventStream
 
@@ -51,18 +52,16 @@ class EventDelivery:
     unless its reader left.
     """
 
-    def __init__(self, stream: EventStream, fmt: Format, refuse: GatewayRefusal,
-                 headers: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, stream: EventStream, fmt: Format, refuse: GatewayRefusal) -> None:
         self.stream = stream
         self.fmt = fmt
         self.refuse = refuse
-        self.headers = list(headers)  # added to the generation's own (the ignored fields)
         self.refused = False
 
     async def place(self, answer: Answer, ahead: int | None) -> None:
         stream = self.stream
         if not stream.opened:  # a reader in line gets its head at once: its request id, its conversation if any
-            stream.headers = answer.headers() + self.headers
+            stream.headers = answer.headers() + ignored_header(answer.req.ignored)
             await stream.open()
         if ahead is None:
             await stream.send_or_ping(self.fmt.silence())
@@ -78,7 +77,7 @@ class EventDelivery:
                 self.refused = True
                 await self.refuse(job, failure)
                 return False
-            stream.headers = job.headers() + self.headers
+            stream.headers = job.headers() + ignored_header(answer.req.ignored)
             await stream.open()
         for event in self.fmt.opening(job):
             await stream.send(event)
@@ -117,13 +116,11 @@ class WholeDelivery:
     answer counts as sent once its body is written.
     """
 
-    def __init__(self, client: ClientConnection, request: Request, fmt: Format, refuse: GatewayRefusal,
-                 headers: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, client: ClientConnection, request: Request, fmt: Format, refuse: GatewayRefusal) -> None:
         self.client = client
         self.request = request
         self.fmt = fmt
         self.refuse = refuse
-        self.headers = list(headers)
         self.keep_alive = False
 
     async def place(self, answer: Answer, ahead: int | None) -> None:
@@ -155,6 +152,6 @@ class WholeDelivery:
             await responses.refuse(self.client, status, "", job.headers(), lambda *_: body)
             return
         self.keep_alive = await responses.respond_json(self.client, self.request, body,
-                                                       job.headers() + self.headers, status=status)
+                                                       job.headers() + ignored_header(answer.req.ignored), status=status)
         job.record.pieces_sent = 1
 
