@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,9 +91,29 @@ def test_chapter_times_and_total_are_printed_and_written(tmp_path):
     seconds = {"01_split_characters": 12.4, "02_three_ways": 61.0}
     table = timing_table(seconds)
     assert "01_split_characters" in table and "02_three_ways" in table and "total" in table and "73 s" in table
-    write_timings(seconds, tmp_path / "timings.json", parameters={"max_tokens": 20})
+    write_timings(seconds, tmp_path / "timings.json", parameters={"max_tokens": 20}, cpu={"02_three_ways": 30.5})
     saved = json.loads((tmp_path / "timings.json").read_text())
     assert saved["chapters"] == {"01_split_characters": 12.4, "02_three_ways": 61.0} and saved["total"] == 73.4
+    assert saved["cpu_seconds"] == {"02_three_ways": 30.5}
+    cores = os.cpu_count()
+    busy = timing_table({"02_three_ways": 61.0}, {"02_three_ways": 30.5 * cores})
+    assert f"{30.5 * cores:.0f} s of CPU" in busy and "50% busy" in busy  # 30.5 s on each core over 61 s
+
+
+def test_a_chapters_cpu_counts_the_processes_it_started_and_waited_for():
+    """What a chapter's processes spent on the CPU: a child's work counts once the child is reaped; a sleep not."""
+    import subprocess
+
+    from streamlab.book.notebooks import cpu_seconds
+
+    before = cpu_seconds()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"],
+                   check=True)
+    worked = cpu_seconds() - before
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
+    slept = cpu_seconds() - before - worked
+    assert worked >= 0.45  # the child's half second of work, whatever the machine's speed
+    assert slept < worked / 2  # a sleeping child costs its start, not its half second
 
 
 def defaults(stem: str) -> dict:

@@ -221,15 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     selected = select(all_chapters, args.only)
     params = parse_parameters(args.parameter, set().union(*(parameter_names(nb) for nb in all_chapters)))
     os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
+    cpu: dict[str, float] = {}
     with data_folder_of_its_own():
-        headlines, seconds, failed = run_chapters(selected, params, args.out)
+        headlines, seconds, failed = run_chapters(selected, params, args.out, cpu)
     print("\nstreamlab headlines")
     for line in headlines:
         print(f"  {line}")
     print()
     if seconds:
-        print(timing_table(seconds))
-    write_timings(seconds, args.out / "results" / "timings.json", parameters=params, failed=failed)
+        print(timing_table(seconds, cpu))
+    write_timings(seconds, args.out / "results" / "timings.json", parameters=params, failed=failed, cpu=cpu)
     from streamlab.book.report import write_report
 
     print(f"\nthe run in one page: {write_report(args.out)} (figures in {args.out / 'figures'}/)")
@@ -240,13 +241,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_chapters(selected: list[Path], params: dict[str, Any], out: Path
+def cpu_seconds() -> float:
+    """CPU used so far by this process and every process it (or they) waited for: the kernels and their servers."""
+    import resource
+
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def busy_share(cpu: float, wall: float) -> float:
+    """How much of the machine a chapter kept busy: its CPU seconds over its wall seconds on every core."""
+    return cpu / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
+
+
+def run_chapters(selected: list[Path], params: dict[str, Any], out: Path, cpu: dict[str, float] | None = None
                  ) -> tuple[list[str], dict[str, float], dict[str, dict[str, Any]]]:
-    """Execute each chapter in turn, printing its progress; its headlines, times and (the first) failure."""
+    """Execute each chapter in turn, printing its progress; its headlines, times and (the first) failure.
+
+    ``cpu``, if given, gets each chapter's CPU seconds (its kernel and the
+    servers it started): next to its wall time, what it spent waiting.
+    """
     headlines, seconds, failed = [], {}, {}
     for nb in selected:
         print(f"==> {nb.name}", flush=True)
-        started = time.perf_counter()
+        started, used = time.perf_counter(), cpu_seconds()
         executed = out / "notebooks" / nb.name
         try:
             figures = execute(nb, parameters=params, out_dir=out, progress=True)
@@ -255,7 +273,11 @@ def run_chapters(selected: list[Path], params: dict[str, Any], out: Path
                                "error": failure(nb, executed, err)}
             break
         seconds[nb.stem] = time.perf_counter() - started
-        print(f"    done in {seconds[nb.stem]:.0f} s -> {executed}", flush=True)
+        spent = cpu_seconds() - used
+        if cpu is not None:
+            cpu[nb.stem] = spent
+        print(f"    done in {seconds[nb.stem]:.0f} s ({spent:.0f} s of CPU: {busy_share(spent, seconds[nb.stem]):.0%} of"
+              f" {os.cpu_count()} cores) -> {executed}", flush=True)
         said = proofread(executed, figures["headline"])
         if said:
             print(f"    {said}", flush=True)
@@ -275,16 +297,25 @@ def proofread(executed: Path, headline: str) -> str:
             f"(all of them: python -m streamlab.book.proofread {executed})")
 
 
-def timing_table(seconds: dict[str, float]) -> str:
-    """Each chapter's time and the total, as lines to print."""
+def timing_table(seconds: dict[str, float], cpu: dict[str, float] | None = None) -> str:
+    """Each chapter's time and the total, as lines to print; with ``cpu``, how busy each kept the machine."""
     width = max([len(name) for name in seconds] + [len("total")])
-    lines = ["streamlab chapter times", *(f"  {name:<{width}}  {s:6.0f} s" for name, s in seconds.items())]
-    lines.append(f"  {'total':<{width}}  {sum(seconds.values()):6.0f} s ({sum(seconds.values()) / 60:.1f} min)")
+    cpu = cpu or {}
+
+    def busy(names: list[str]) -> str:
+        if not names or any(name not in cpu for name in names):
+            return ""
+        used, wall = sum(cpu[name] for name in names), sum(seconds[name] for name in names)
+        return f"  {used:6.0f} s of CPU, {busy_share(used, wall):4.0%} busy"
+
+    lines = ["streamlab chapter times", *(f"  {name:<{width}}  {s:6.0f} s{busy([name])}" for name, s in seconds.items())]
+    lines.append(f"  {'total':<{width}}  {sum(seconds.values()):6.0f} s{busy(list(seconds))}"
+                 f" ({sum(seconds.values()) / 60:.1f} min)")
     return "\n".join(lines)
 
 
 def write_timings(seconds: dict[str, float], path: Path, *, parameters: dict[str, Any] | None = None,
-                  failed: dict[str, dict[str, Any]] | None = None) -> None:
+                  failed: dict[str, dict[str, Any]] | None = None, cpu: dict[str, float] | None = None) -> None:
     """``build/results/timings.json``: seconds per chapter (with the papermill kernel's start), the total, the machine.
 
     Merged into what the file held: a chapter this run did not time (not
@@ -299,12 +330,14 @@ def write_timings(seconds: dict[str, float], path: Path, *, parameters: dict[str
     except (OSError, ValueError):
         before = {}
     times = {**(before.get("chapters") or {}), **{name: round(s, 1) for name, s in seconds.items()}}
+    cpu_times = {**(before.get("cpu_seconds") or {}), **{name: round(s, 1) for name, s in (cpu or {}).items()}}
     failures = {name: f for name, f in (before.get("failed") or {}).items() if name not in seconds}
     failures.update(failed or {})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     path.write_text(json.dumps({
         "chapters": times,
         "total": round(sum(times.values()), 1),
+        "cpu_seconds": cpu_times,  # each chapter's kernel and the processes it started, against its wall time
         "this_run": list(seconds),
         "failed": failures,
         "cpus": os.cpu_count(),
