@@ -111,10 +111,10 @@ def test_anthropic_stream_names_its_ignored_fields_in_the_head(app):
 
 
 def test_a_v1_path_we_do_not_have_names_the_ones_we_do(app):
-    response = httpx.post(f"{app.url}/v1/responses", json={"input": "Hi"})
+    response = httpx.post(f"{app.url}/v1/embeddings", json={"input": "Hi"})
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
     message = response.json()["error"]["message"]
-    assert all(path in message for path in ("/v1/chat/completions", "/v1/messages", "/v1/models"))
+    assert all(path in message for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/models"))
     assert not_found("/nope").message == "no route for /nope"
 
 

@@ -171,11 +171,16 @@ class Trace:
 def piece_text(data: Any) -> str | None:
     """The text an event carries, in any of the formats the server speaks; None when it carries none.
 
-    streamlab's ``{"text"}``, OpenAI's ``choices[0].delta.content`` and
-    Anthropic's ``content_block_delta`` with a ``text_delta``.
+    streamlab's ``{"text"}``, OpenAI's ``choices[0].delta.content``,
+    Anthropic's ``content_block_delta`` with a ``text_delta``, and the
+    Responses API's ``response.output_text.delta`` (its other typed events
+    carry none: ``response.output_text.done`` repeats the whole text).
     """
     if not isinstance(data, dict):
         return None
+    kind = data.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):
+        return data.get("delta") if kind == "response.output_text.delta" else None
     if isinstance(data.get("text"), str):
         return data["text"]
     choice = _first_choice(data)
@@ -189,9 +194,13 @@ def piece_text(data: Any) -> str | None:
 
 
 def whole_text(data: Any) -> str | None:
-    """The text of a whole answer: ours (``text``), OpenAI's (``choices[0].message``), Anthropic's (``content``)."""
+    """The text of a whole answer: ours (``text``), OpenAI's (``choices[0].message``), Anthropic's (``content``),
+    a response's (its ``output`` messages' ``output_text`` parts)."""
     if not isinstance(data, dict):
         return None
+    if data.get("object") == "response" and isinstance(data.get("output"), list):
+        return "".join(part.get("text", "") for item in data["output"] if isinstance(item, dict)
+                       for part in item.get("content") or () if isinstance(part, dict))
     if isinstance(data.get("text"), str):
         return data["text"]
     choice = _first_choice(data)
@@ -201,6 +210,17 @@ def whole_text(data: Any) -> str | None:
     if isinstance(content, list):
         return "".join(block.get("text", "") for block in content if isinstance(block, dict))
     return None
+
+
+RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def response_ending(response: Any) -> str | None:
+    """How a response ended, in its own words: ``completed``, or the reason it is incomplete (``max_output_tokens``)."""
+    if not isinstance(response, dict):
+        return None
+    details = response.get("incomplete_details")
+    return details.get("reason") if isinstance(details, dict) and details.get("reason") else response.get("status")
 
 
 def _first_choice(data: dict) -> dict | None:
@@ -306,7 +326,15 @@ class ResponseRecorder:
         except ValueError:
             data = event.data
         text = piece_text(data)
-        if event.event in ("end", "message_delta"):  # ours; Anthropic's (its stop_reason)
+        if event.event in RESPONSE_ENDS:  # the Responses API's last event: the final response, how it ended
+            response = data.get("response") if isinstance(data, dict) else None
+            if event.event == "response.failed":
+                trace.got_error(t, (response or {}).get("error") or data, nbytes)
+                return
+            trace.got_event(t, "end", nbytes=nbytes, data=data)
+            trace.got_end(t, {"stop_reason": response_ending(response)})
+            trace.complete = True
+        elif event.event in ("end", "message_delta"):  # ours; Anthropic's (its stop_reason)
             trace.got_event(t, "end", nbytes=nbytes, data=data)
             trace.got_end(t, data)
         elif event.event == "error" or (isinstance(data, dict) and "error" in data):  # OpenAI's has no name

@@ -8,7 +8,7 @@ route or a field added to the code and not to the page cannot land.
 
 from __future__ import annotations
 
-from streamlab.server.wire import anthropic_api, openai_api
+from streamlab.server.wire import anthropic_api, openai_api, responses_api
 from streamlab.server.answers import requests
 from streamlab.server.app import ROUTES, Server
 from streamlab.server.answers.fields import Schema
@@ -17,10 +17,10 @@ from streamlab.server.answers.fields import Schema
 ROUTE_FIELDS: dict[str, Schema] = {
     "/complete": requests.STREAM, "/stream": requests.STREAM, "/generations": requests.STREAM,
     "/ws": requests.WS_MESSAGE, "/v1/chat/completions": openai_api.CHAT_COMPLETIONS,
-    "/v1/messages": anthropic_api.MESSAGES,
+    "/v1/messages": anthropic_api.MESSAGES, "/v1/responses": responses_api.RESPONSES,
 }
 SCHEMAS: tuple[Schema, ...] = (requests.STREAM, requests.WS_MESSAGE, openai_api.CHAT_COMPLETIONS,
-                               anthropic_api.MESSAGES)
+                               anthropic_api.MESSAGES, responses_api.RESPONSES)
 
 
 def _said(handler: str) -> str:

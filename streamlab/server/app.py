@@ -24,7 +24,7 @@ from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import Request
 from streamlab.server.store.schema import STREAMING
 from streamlab.server.store.database import Store
-from streamlab.server.wire import anthropic_api, openai_api
+from streamlab.server.wire import anthropic_api, openai_api, responses_api
 from streamlab.server import queues
 from streamlab.server.transport import responses
 from streamlab.server.config import RETRY_AFTER, ServerConfig
@@ -81,6 +81,7 @@ ROUTES: tuple[tuple[str, dict[str, str]], ...] = (
     ("/stream", {"POST": "stream"}),
     ("/v1/chat/completions", {"POST": "chat_completions"}),
     ("/v1/messages", {"POST": "messages"}),
+    ("/v1/responses", {"POST": "responses"}),
     ("/v1/models", {"GET": "models"}),
     ("/ws", {"GET": "websocket"}),
     ("/log", {"GET": "get_log"}),
@@ -331,6 +332,12 @@ class Server:
         fmt = anthropic_api.MessagesFormat(self.source.name)
         return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
 
+    async def responses(self, client: ClientConnection, request: Request) -> bool:
+        """``POST /v1/responses``: OpenAI's Responses, its typed events streamed, or the response whole."""
+        req = responses_api.parse_request(await self._body(client, request))
+        fmt = responses_api.ResponseFormat(self.source.name, req)
+        return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
+
     async def models(self, client: ClientConnection, request: Request) -> bool:
         """``GET /v1/models``: the model this server answers with (what the ``openai`` SDK lists)."""
         return await responses.respond_json(client, request, openai_api.models_body(self.source.name))
@@ -420,7 +427,11 @@ class Server:
         return await responses.respond_json(client, request, asdict(record))
 
     async def health(self, client: ClientConnection, request: Request) -> bool:
-        """``GET /health``: up, which model, which mode, how busy (running, and waiting in line); a relay's upstream."""
+        """``GET /health``: up, which model, which mode, how busy (running, and waiting in line); a relay's upstream.
+
+        With ``--events``, whether Redis answers (``redis``): 503 while it does not, so that a balancer
+        sends new work elsewhere.
+        """
         config, jobs = self.config, self.jobs
         body = {"ok": True, "model": self.source.name, "engine": self.source.kind, "naive": config.naive,
                 "active": len(jobs.running), "max_active": config.max_active, "admission": config.admission,
@@ -429,7 +440,12 @@ class Server:
         if upstream is not None:  # a relay is only as well as what it relays to: asked now
             body["upstream"] = upstream
             body["ok"] = upstream["ok"]
-        return await responses.respond_json(client, request, body)
+        status = 200
+        if isinstance(self.registry, SharedRegistry):  # /generations live in Redis: asked now too
+            body["redis"] = await self.registry.health()
+            if not body["redis"]["ok"]:
+                body["ok"], status = False, 503
+        return await responses.respond_json(client, request, body, status=status)
 
     async def debug_queues(self, client: ClientConnection, request: Request) -> bool:
         """``GET /debug/queues``: where a slow reader's bytes wait now, layer by layer (this machine only; see queues.py)."""
