@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests and chapters use: nginx (chapter 6), chromium + chromium-driver
-# (the browser tests), curl, redis-server (chapter 13's shared log), openssl (chapter 14), and a
+# (the browser tests), curl, redis-server (chapter 13's shared log), openssl (chapter 14), nftables
+# (chapter 5's reader whose network vanishes, inside a network namespace of its own), and a
 # colour emoji font (fonts-noto-color-emoji: without one, the page and the book draw chapter 1's
 # emoji as boxes). Installs only what is missing, and only where it can (root or
 # password-less sudo); elsewhere it says what to install and the tests that need it skip.
@@ -13,6 +14,7 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # chapter 14's certificate for nginx's TLS and HTTP/2
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 if command -v dpkg-query >/dev/null 2>&1; then  # Debian's font by its package; other systems bring their own emoji
   dpkg-query -W -f '${Status}' fonts-noto-color-emoji 2>/dev/null | grep -q "ok installed" || need+=(fonts-noto-color-emoji)
 fi

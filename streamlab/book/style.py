@@ -72,6 +72,7 @@ COLOR_OF: dict[str, str] = {
     "watching": GREEN, "--naive": VERMILLION, "generated": ORANGE, "delivered": SKY,
     "keeps events": GREEN, "--forget": ORANGE, "--forget --naive": VERMILLION,
     "relay": GREEN, "relay --naive": VERMILLION, "direct (no relay)": BLUE,
+    "kernel defaults": VERMILLION, "--tcp-user-timeout": GREEN,  # chapter 5's reader whose network vanished
     # the hops of chapter 6
     "direct": BLUE, "8 KiB blocks": VERMILLION, "blocks": VERMILLION, "--honor": GREEN,
     "X-Accel-Buffering: no": SKY, "no header": ORANGE, "no pings": VERMILLION, "pings every": GREEN,

@@ -37,6 +37,9 @@ CLOSE_FRAME = "close_frame"  # a WebSocket CLOSE frame arrived
 STOP_MESSAGE = "stop_message"  # the WebSocket client sent {"stop": true}
 WRITE_FAILED = "write_failed"  # a write raised: connection reset, broken pipe
 WRITE_TIMEOUT = "write_timeout"  # a write could not drain within --write-timeout
+# The kernel gave up on the connection: what was sent went unacknowledged for --tcp-user-timeout, or the
+# keep-alive probes went unanswered (a client whose network vanished: no FIN, no RST ever comes).
+CONNECTION_LOST = "connection_lost"
 PROTOCOL_ERROR = "protocol_error"  # the WebSocket client broke RFC 6455
 SERVER_SHUTDOWN = "server_shutdown"  # SIGTERM / SIGINT
 CANCEL = "cancel"  # POST /generations/{id}/cancel
@@ -46,7 +49,8 @@ GRACE_EXPIRED = "grace_expired"  # a /generations answer went unread for --grace
 SLOW_READER = "slow_reader"
 
 # The signals that mean the reader is gone (rather than asked us to stop).
-LEAVING_SIGNALS = frozenset({EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, PROTOCOL_ERROR, GRACE_EXPIRED})
+LEAVING_SIGNALS = frozenset({EOF, CLOSE_FRAME, WRITE_FAILED, WRITE_TIMEOUT, CONNECTION_LOST, PROTOCOL_ERROR,
+                             GRACE_EXPIRED})
 
 # -- Why an answer ended, as stored (Message.stop_reason) ---------------------
 COMPLETED = "completed"  # the model ended by itself (it emitted end-of-sequence)

@@ -235,7 +235,8 @@ class Server:
     # -- connections -----------------------------------------------------------
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = ClientConnection(reader, writer, self.config.write_timeout)
+        client = ClientConnection(reader, writer, self.config.write_timeout,
+                                  tcp_user_timeout=self.config.tcp_user_timeout, tcp_keepalive=self.config.tcp_keepalive)
         task = asyncio.current_task()
         assert task is not None
         if len(self._connections) >= self.config.max_connections:

@@ -97,6 +97,16 @@ STREAMING = Settings(
     # A reader that vanished without a word (a phone that lost its signal)
     # sends no EOF: only a write that cannot drain reveals it.
     Setting("write_timeout", 30.0, "s", "give up on a reader when one write cannot drain in S seconds (0: never)"),
+    # A reader whose network vanished sends nothing: no FIN, no RST, and while the server's bytes fit in
+    # the socket buffers no write fails either. At a model's pace (~2 KB/s of events) the buffers take
+    # minutes to fill, so the write timeout alone notices late; the kernel, asked (TCP_USER_TIMEOUT), drops
+    # the connection once sent bytes go unacknowledged this long, and keep-alive probes catch a silent one.
+    # Chapter 5 measures both against a client cut off in a network namespace of its own. 30 s, as the write
+    # timeout: a phone in a tunnel for less keeps its stream.
+    Setting("tcp_user_timeout", 30.0, "s", "drop a connection whose sent bytes go unacknowledged for S seconds"
+            " (TCP_USER_TIMEOUT; 0: the kernel's own retries, about 15 minutes)"),
+    Setting("tcp_keepalive", 30.0, "s", "probe a connection silent for S seconds, and drop it when 3 probes go"
+            " unanswered (TCP keep-alive; 0: off)"),
     # Backpressure (streamlab/model/backlog.py, benchmarks/backpressure.py). A reader
     # slower than the model leaves its bytes in the socket buffers first:
     # measured for a reader with a 4 KB window on a 1448-byte MSS, ~50 KB in the

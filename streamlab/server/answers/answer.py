@@ -265,7 +265,8 @@ class Answer:
         if self.jobs.config.naive or self.client is None:
             yield
             return
-        async with in_background(self.client.watch_for_eof(lambda: self.stop(EOF))):
+        client = self.client
+        async with in_background(client.watch_for_eof(lambda: self.stop(client.lost or EOF))):
             yield
 
     async def end(self) -> None:

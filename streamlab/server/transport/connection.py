@@ -19,8 +19,32 @@ from streamlab.net.serving import ClientGone
 from streamlab.protocol.http_body import BodyReader
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import Request, RequestHeadParser
-from streamlab.protocol.endings import EOF, WRITE_FAILED, WRITE_TIMEOUT
+from streamlab.protocol.endings import CONNECTION_LOST, EOF, WRITE_FAILED, WRITE_TIMEOUT
 from streamlab.server.config import IDLE_TIMEOUT, LINGER_SECONDS, MAX_BODY, MAX_HEAD, READ_SIZE, flag
+
+KEEPALIVE_PROBES = 3  # unanswered keep-alive probes before the kernel drops the connection
+
+
+def tune_socket(sock: socket.socket, *, user_timeout: float = 0.0, keepalive: float = 0.0) -> None:
+    """Ask the kernel to give up on a peer that went silent: ``TCP_USER_TIMEOUT`` and TCP keep-alive.
+
+    A client whose network vanished (a phone asleep, out of signal) sends
+    no FIN and no RST: the connection looks open until TCP's retransmissions
+    run out, fifteen of them by default (``tcp_retries2``), some fifteen
+    minutes. ``user_timeout`` bounds how long sent bytes may go
+    unacknowledged before the kernel drops the connection; ``keepalive``
+    probes a connection silent that long (every third of it, ``KEEPALIVE_PROBES``
+    times), which catches a silent peer when nothing is being sent. 0 leaves
+    the kernel's default. Linux names both; elsewhere what exists is set.
+    """
+    if user_timeout > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout * 1000))
+    if keepalive > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle, interval = max(1, round(keepalive)), max(1, round(keepalive / 3))
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def named_limit(call: Callable[..., Any], *args: Any, status: int = 0, setting: str = "", **kwargs: Any) -> Any:
@@ -45,11 +69,13 @@ class ClientConnection:
     """
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, write_timeout: float
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, write_timeout: float, *,
+        tcp_user_timeout: float = 0.0, tcp_keepalive: float = 0.0,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.write_timeout = write_timeout
+        self.lost: str | None = None  # CONNECTION_LOST once a read failed: the kernel gave up on the peer
         self.buffer = b""
         self.bytes_sent = 0
         self.sent_before_request = 0  # bytes_sent when the current request's head was read
@@ -59,6 +85,7 @@ class ClientConnection:
             # Send each small write at once. Nagle's algorithm would hold a
             # 20-byte event back until the previous one is acknowledged.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune_socket(sock, user_timeout=tcp_user_timeout, keepalive=tcp_keepalive)
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The next bytes from the client (``b""`` at EOF), buffered ones first."""
@@ -205,13 +232,17 @@ class ClientConnection:
         """Read until EOF, then call ``on_eof``: the client closed its end, nobody is reading.
 
         Bytes that arrive meanwhile are kept: they are a keep-alive client's
-        next request, not a goodbye.
+        next request, not a goodbye. A reset means the same; so does the
+        kernel's ``ETIMEDOUT`` once ``tune_socket``'s bounds ran out, said
+        in ``lost`` (``CONNECTION_LOST``) for whoever records why.
         """
         while len(self.buffer) <= MAX_HEAD + MAX_BODY:
             try:
                 data = await self.reader.read(READ_SIZE)
-            except ConnectionError:
+            except ConnectionError:  # a reset: the client's end is gone, as at EOF
                 data = b""
+            except OSError:  # ETIMEDOUT (TimeoutError): the kernel gave up on a peer that went silent
+                self.lost, data = CONNECTION_LOST, b""
             if not data:
                 on_eof()
                 return
