@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,89 @@ def test_a_redis_client_waits_longer_than_the_longest_block_it_sends() -> None:
     assert timeout(shared_log.open_client(URL)) == shared_log.CANCEL_WAIT + shared_log.ANSWER_MARGIN
     assert timeout(shared_log.open_client(URL, 0)) is None, "XREAD BLOCK 0 waits for ever: so does its read"
 
+
+
+def test_a_reader_waiting_for_a_worker_is_told_its_place_at_every_change(fake_redis: object) -> None:
+    """The shared queue words it as the line in memory: ``queued`` ``{"ahead": N}``, unnumbered, then the pieces."""
+    with serving(events=URL, ping_interval=0.3) as a:
+        created = [run(timed.create_generation(a.port, {"prompt": "hi", "max_tokens": 12})) for _ in range(3)]
+
+        async def read_while_the_line_moves() -> tuple[tracing.Trace, asyncio.Future]:
+            trace = tracing.Trace(way="events")
+            reading = asyncio.ensure_future(timed.events(a.port, created[2]["events"], trace=trace))
+            for cancelled, ahead in ((0, 2), (1, 1)):
+                while not any(e.kind == "queued" and e.data == {"ahead": ahead} for e in trace.events):
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.4)  # a ping interval with nothing new: a keep-alive
+                await timed.cancel_generation(a.port, created[cancelled]["id"])
+            while not any(e.kind == "queued" and e.data == {"ahead": 0} for e in trace.events):
+                await asyncio.sleep(0.02)
+            return trace, reading
+
+        trace, reading = run(_with_worker_after(read_while_the_line_moves))
+        places = [e.data["ahead"] for e in trace.events if e.kind == "queued"]
+        assert places == [2, 1, 0], trace.events
+        assert all(e.id is None for e in trace.events if e.kind == "queued"), "a place is not part of the answer"
+        kinds = [e.kind for e in trace.events]
+        assert kinds.index("ping") < kinds.index("text") and kinds[-1] == "end", kinds
+        assert trace.text == SCRIPT[:12]
+
+
+async def _with_worker_after(reading_while: Any) -> tuple[tracing.Trace, asyncio.Future]:
+    """Read while the line moves, then a worker comes and serves what is left."""
+    trace, reading = await reading_while()
+    with replicas.worker_in_process(FakeLM(SCRIPT), URL):
+        await reading
+    return trace, reading
+
+
+def test_a_cancelled_job_leaves_the_shared_queue_and_the_bound_counts_only_those_waiting(fake_redis: object) -> None:
+    with serving(events=URL, max_waiting=1) as a:
+        first = run(timed.create_generation(a.port, {"prompt": "hi"}))
+        reply = run(timed.fetch(a.port, "POST", "/generations", body={"prompt": "hi"}))
+        assert reply.status == 503 and reply.headers.get("retry-after") == "1"
+        assert reply.json() == {"error": {"status": 503, "message": "the shared queue is full (1 job waiting for a"
+                                          " worker, --max-waiting 1)"}}
+        run(timed.cancel_generation(a.port, first["id"]))
+        assert run(timed.fetch(a.port, "POST", "/generations", body={"prompt": "hi"})).status == 201
+
+
+def test_readers_are_counted_by_leases_that_a_live_replica_renews_and_a_dead_one_lets_run_out(fake_redis: object) -> None:
+    """Two replicas' registries on one Redis; one stops renewing (what ``kill -9`` does): its reader runs out."""
+    from streamlab.server.answers.requests import GenerationRequest
+    from streamlab.server.config import ServerConfig
+
+    async def scenario() -> None:
+        config = ServerConfig(grace=1.0)  # a lease of 1 s: renewed every third of it
+        a = shared_log.SharedRegistry(shared_log.open_client(URL), config)
+        b = shared_log.SharedRegistry(shared_log.open_client(URL), config)
+        created, _ = await a.created(GenerationRequest(prompt="hi"))
+        gid, redis = created["id"], a.redis
+
+        async def state() -> tuple[int, int, int]:
+            now = await shared_log.redis_ms(redis)
+            fields = await redis.hmget(shared_log.meta_key(gid), ["readers", "orphaned_ms"])
+            return int(fields[0]), int(fields[1]), await shared_log.live_readers(redis, gid, now)
+
+        created_at = (await state())[1]
+        mine = await a.leases.join(gid)
+        theirs = await b.leases.join(gid)
+        assert (await state())[0::2] == (2, 2)
+        await a.leases.leave(gid, mine)
+        assert await state() == (1, created_at, 1), "one reader left, one reads: not orphaned"
+        for _ in range(4):  # 1.2 s: past b's first lease, renewed every 0.3 s, and swept by a each time
+            await asyncio.sleep(0.3)
+            await b.leases.renew()
+            await a.leases.renew()
+        assert await state() == (1, created_at, 1), "a renewed lease outlives its first term"
+        last_renewal = await shared_log.redis_ms(redis)
+        await asyncio.sleep(1.1)  # b renews no more: its replica is dead
+        await a.leases.renew()
+        readers, orphaned, live = await state()
+        assert (readers, live) == (0, 0)
+        assert last_renewal <= orphaned <= last_renewal + 1000 + 50, "the grace period counts from the lease's end"
+        assert theirs in b.leases.held  # b never said goodbye
+        for registry in (a, b):
+            await registry.shutdown()
+
+    run(scenario())

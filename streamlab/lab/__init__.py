@@ -7,6 +7,7 @@ Five packages, each importing only those below it (tests/test_layers.py checks i
         wire_shown.py        the raw wire: an event stream as it arrives, a WebSocket upgrade and its frames (2)
         wire_cost.py         what one piece costs on the wire in each format (3)
         hang_up.py           a /complete reader who hangs up: what the server goes on making (5)
+        vanished.py          a reader whose network vanishes mid-answer, in a namespace of its own (5)
         sse_or_websocket.py  nginx's defaults against each, a drop, a stop mid-answer (6)
         browser_readers.py   what EventSource, fetch and WebSocket send from a page (headers, cookies, Origin) (6)
         reconnects.py        an EventSource after the end: how often it reconnects, what stops it (8)
@@ -20,6 +21,7 @@ Five packages, each importing only those below it (tests/test_layers.py checks i
         other_hops.py        gzip and caches in nginx, the reader's verdict on a trace, a platform's two bills (12)
         failover.py          kill what serves a reader (a replica, a worker) and see what the reader keeps (13)
         log_cost.py          what the shared log costs per event, Redis against memory (13)
+        redis_restart.py     Redis killed and started again: what its log kept, with and without its file (13)
         connection_limit.py  eight event streams from one Chromium page, over HTTP/1.1 and HTTP/2 (14)
         model_speed.py       python -m streamlab info: load the model, time its first token and its speed
     outside/       other people's programs: redis_server.py, llamacpp.py (make engine), curl.py (curl -N, timed),
