@@ -4,7 +4,7 @@ fakeredis stands in for redis-server (tests/test_shared_log_redis.py runs the re
 processes): two in-process replicas share one fake Redis, and an in-process worker generates with the
 fake model. What is asserted is what chapter 13 claims: a reader resumes on another replica with nothing
 lost or repeated, a cancel or a departed reader stops a worker elsewhere within two tokens, a worker that
-dies mid-answer leaves its job to another, which ends it interrupted with the partial text.
+dies mid-answer leaves its job to another, which continues it: one answer, no token twice.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ async def _entries(generation_id: str) -> list[dict]:
         await redis.aclose()
 
 
-def test_a_worker_that_dies_mid_answer_leaves_its_job_to_another_which_ends_it_interrupted(fake_redis: object) -> None:
+def test_a_worker_that_dies_mid_answer_leaves_its_job_to_another_which_continues_it(fake_redis: object) -> None:
     lm = FakeLM(SCRIPT, decode_seconds=0.02)
     with serving(events=URL) as a:
         first_worker = replicas.InProcessWorker(lm, URL, name="first", claim_idle=0.3)
@@ -129,11 +129,10 @@ def test_a_worker_that_dies_mid_answer_leaves_its_job_to_another_which_ends_it_i
             state = generation_done(a.port, created["id"])
         assert second_worker.worker.done == [created["id"]]
         end = ending(after)
-        assert end["stop_reason"] == "interrupted" and end["interrupted_worker"] == "first"
-        assert end["worker"] == "second" and end["incomplete"] is True
-        # Nothing accepted is lost: every piece the first worker appended is there, and nothing is made twice.
-        assert state["text"] == text_of(before, after) == SCRIPT[: end["tokens"]]
-        assert 8 <= end["tokens"] < 200
+        assert end["stop_reason"] == "max_tokens" and end["continued_from"] == "first"
+        assert end["worker"] == end["continued_by"] == "second" and 8 <= end["kept_tokens"] < 200
+        # One answer: every piece the first worker appended, then the rest after them, nothing made twice.
+        assert state["text"] == text_of(before, after) == SCRIPT[:200] and end["tokens"] == 200
 
 
 def test_a_job_no_worker_took_yet_is_cancelled_by_the_replica_and_skipped_by_workers(fake_redis: object) -> None:

@@ -48,7 +48,7 @@ def summary(reports: Sequence[dict[str, Any]]) -> str:
 
 # The benchmarks in the order ``make bench`` runs them: cheap and model-free first.
 BENCHMARKS = ("detokenizer", "decode_formats", "overhead", "shared_log", "prefill", "many_streams", "load",
-              "backpressure")
+              "backpressure", "shared_scale")
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 

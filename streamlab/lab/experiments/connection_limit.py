@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from streamlab.client.timed import create_generation_sync
+from streamlab.client.timed import create_generation_sync, get_json_sync
 from streamlab.hops import tls
 from streamlab.hops.nginx import run_nginx
 from streamlab.lab.setups import runner
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DIRECT", "HTTP1_TLS", "HTTP2_TLS", "NGINX_LOCATION", "PAGE_SCRIPT", "Paths", "PathRun", "StreamTiming",
-    "connections_of", "open_streams", "paths_to_one_server", "run_paths",
+    "cancelled_on", "connections_of", "open_streams", "paths_to_one_server", "run_paths",
 ]
 
 DIRECT, HTTP1_TLS, HTTP2_TLS = "HTTP/1.1, straight to the server", "HTTP/1.1 over TLS, nginx", "HTTP/2 over TLS, nginx"
@@ -51,17 +52,21 @@ NGINX_LOCATION = "proxy_buffering off;"
 
 # What the page runs: every stream opened at the same instant, each one timed in the page's own clock.
 PAGE_SCRIPT = """
-const urls = arguments[0];
+const urls = arguments[0], abort = arguments[1];  // abort: {stream, after}, one stream the page stops early
 const t0 = performance.now();
 const since = () => (performance.now() - t0) / 1000;  // seconds since the page opened them all
 window.streams = urls.map((url, i) => {
   const s = { stream: i + 1, url: new URL(url, location.href).href,
-              opened: null, first_event: null, end: null, pieces: 0, errors: 0 };
+              opened: null, first_event: null, end: null, pieces: 0, errors: 0, aborted: null };
   const source = new EventSource(url);
   source.onopen = () => { s.opened = since(); };          // the response's head arrived
   source.onmessage = () => {                               // a piece of the answer
     s.pieces += 1;
     if (s.first_event === null) s.first_event = since();
+    if (abort && abort.stream === s.stream && s.pieces === abort.after) {  // the reader's stop button
+      s.aborted = s.end = since();
+      source.close();
+    }
   };
   source.addEventListener("end", () => { s.end = since(); source.close(); });
   source.onerror = () => { s.errors += 1; };
@@ -81,6 +86,7 @@ class StreamTiming:
     end: float | None
     pieces: int
     errors: int
+    aborted: float | None = None  # when the page closed it early (``abort``), by the page's clock
     protocol: str | None = None  # as Chromium names it: "http/1.1", "h2"
     connection: int | None = None  # Chromium's id of the connection that carried it
 
@@ -92,6 +98,7 @@ class PathRun:
     label: str
     origin: str
     streams: list[StreamTiming] = field(default_factory=list)
+    cancelled: dict[str, Any] | None = None  # with ``abort``: what the server made for the stream the page closed
 
     @property
     def protocols(self) -> list[str]:
@@ -127,10 +134,14 @@ class PathRun:
                 "streams": [asdict(s) for s in self.streams]}
 
 
-def open_streams(driver: "Chrome", origin: str, paths: Sequence[str], *, timeout: float = 60.0) -> list[StreamTiming]:
-    """Load ``origin``'s ``/health``, open an EventSource on each of ``paths`` at once, wait for every end event."""
+def open_streams(driver: "Chrome", origin: str, paths: Sequence[str], *, timeout: float = 60.0,
+                 abort: tuple[int, int] | None = None) -> list[StreamTiming]:
+    """Load ``origin``'s ``/health``, open an EventSource on each of ``paths`` at once, wait for every end event.
+
+    ``abort`` (stream, pieces): that stream is closed by the page after that many pieces, as a stop button would.
+    """
     driver.get(origin.rstrip("/") + "/health")
-    driver.execute_script(PAGE_SCRIPT, list(paths))
+    driver.execute_script(PAGE_SCRIPT, list(paths), None if abort is None else {"stream": abort[0], "after": abort[1]})
 
     def ended() -> list[dict] | None:
         streams = driver.execute_script("return window.streams")
@@ -167,6 +178,7 @@ def run_paths(
     tokens: int = 60,
     flags: Sequence[str] = (),
     timeout: float = 60.0,
+    abort: tuple[int, int] | None = None,
 ) -> dict[str, PathRun]:
     """For each ``label -> origin``, one page opening ``streams`` event streams of ``tokens``-piece answers.
 
@@ -174,6 +186,8 @@ def run_paths(
     ``server_port``; with ``--forget`` none starts until its reader
     connects), and read through the path's origin. One browser for every
     path, one path after another: each origin has connections of its own.
+    With ``abort`` (stream, pieces) the page closes that stream early, and
+    each run's ``cancelled`` says what the server made for it (``cancelled_on``).
     """
     body = {"prompt": "Tell me about the lighthouse.", "max_tokens": tokens}
     runs: dict[str, PathRun] = {}
@@ -181,12 +195,37 @@ def run_paths(
         for label, origin in origins.items():
             events = [create_generation_sync(server_port, body)["events"] for _ in range(streams)]
             driver.get_log("performance")  # what came before this path is not this path's
-            timings = open_streams(driver, origin, events, timeout=timeout)
+            timings = open_streams(driver, origin, events, timeout=timeout, abort=abort)
             carried = connections_of(driver.get_log("performance"))
             for timing in timings:
                 timing.protocol, timing.connection = carried.get(timing.url, (None, None))
             runs[label] = PathRun(label, origin, timings)
+            if abort is not None:
+                runs[label].cancelled = cancelled_on(server_port, events, timings, abort[0], tokens)
     return runs
+
+
+def cancelled_on(server_port: int, events: Sequence[str], timings: Sequence[StreamTiming], stream: int,
+                 tokens: int, timeout: float = 30.0) -> dict[str, Any]:
+    """What the server made for the stream the page closed, from its ``/log``, and whether the others were whole.
+
+    Each stream's generation is its events URL's (``/generations/{id}/events``):
+    its record is the one with that ``generation_id``, read once done.
+    """
+    generation_id = events[stream - 1].split("/")[2]
+    deadline = time.monotonic() + timeout
+    while True:
+        mine = [r for r in get_json_sync(server_port, "/log") if r.get("generation_id") == generation_id]
+        if mine and all(r["done"] for r in mine) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    record = mine[-1] if mine else {}
+    closed = timings[stream - 1]
+    others = [t for t in timings if t.stream != stream]
+    return {"stream": stream, "pieces read": closed.pieces, "tokens made": record.get("tokens"),
+            "tokens after the close": None if not record else record["tokens"] - closed.pieces,
+            "noticed by": record.get("stop_signal"), "stored as": record.get("stored_reason"),
+            "the others whole": all(t.pieces == tokens and t.errors == 0 for t in others)}
 
 
 @dataclass

@@ -230,7 +230,7 @@ def _ws_upstreams(nginx: NginxProcess, at_least: int = 0) -> list[str]:
 
 
 async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:
-    """The worker generating an answer killed mid-answer: who ends it, with what, and how long the reader waited."""
+    """The worker generating an answer killed mid-answer: who continues it, from where, and how long the reader waited."""
     created = await timed.create_generation(c.balancer.port, body(max_tokens))
     run = EventSourceRun(created["events"])
     reading = asyncio.ensure_future(_read_into(run, c.balancer.port))
@@ -248,12 +248,19 @@ async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:
     ends = [(t.sent + e.t, e) for t in run.traces for e in t.events if e.kind == "end"]
     end_time, end = ends[0] if ends else (None, None)
     state = await timed.get_json(c.balancer.port, f"/generations/{created['id']}")
+    data = (end.data or {}) if end else {}
+    rows = run.timeline()
+    ids = [e.id for t in run.traces for e in t.text_events]
     return {
-        "killed": name, "ended_by": (end.data or {}).get("worker") if end else None,
-        "stop_reason": state["stored_reason"], "tokens_kept": state["tokens"] if end is None else end.data["tokens"],
-        "reader_text_is_kept_text": run.text == state["text"], "chars_kept": len(state["text"]),
+        "killed": name, "ended_by": data.get("worker"), "continued_from": data.get("continued_from"),
+        "kept_tokens": data.get("kept_tokens"),
+        "stop_reason": state["stored_reason"], "tokens": state["tokens"] if end is None else data["tokens"],
+        "reader_text_is_kept_text": run.text == state["text"], "chars": len(state["text"]),
+        "events_twice": len(ids) - len(set(ids)),
         "seconds_to_end": end_time - killed_at[0] if end_time is not None and killed_at else None,
-        "text_events": len(run.timeline()),
+        # The reader's longest wait between two pieces: the kill, the claim-idle, the heir's prefill.
+        "longest_gap_s": max((b[0] - a[0] for a, b in zip(rows, rows[1:])), default=None),
+        "text_events": len(rows),
     }
 
 

@@ -42,7 +42,12 @@ class InProcessWorker:
         self.thread.start()
         self.worker: Worker = self._call(self._make(lm, url, options))
         self.stopping: asyncio.Event = self._call(self._event())
-        self.task = asyncio.run_coroutine_threadsafe(self.worker.run(self.stopping), self.loop)
+        self.running: asyncio.Task | None = None  # the worker's run, as a task of its loop
+        self.task = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
+
+    async def _run(self) -> None:
+        self.running = asyncio.current_task()
+        await self.worker.run(self.stopping)
 
     async def _make(self, lm: Any, url: str, options: dict) -> Worker:
         return Worker(lm, open_client(url), **options)
@@ -58,19 +63,37 @@ class InProcessWorker:
         return self.worker.name
 
     def crash(self) -> None:
-        """Stop at once, mid-answer, acknowledging nothing: what ``kill -9`` does to a worker process."""
-        self.loop.call_soon_threadsafe(self.task.cancel)
+        """Stop at once, mid-answer, acknowledging nothing: what ``kill -9`` does to a worker process.
+
+        The run is cancelled on its loop and waited for (its jobs cancelled,
+        their generations stopped): a cancelled future would say "done" at
+        once, while the worker's jobs still ran on the loop about to close.
+        """
+        self._call(self._cancel())
         self._settle()
+
+    async def _cancel(self) -> None:
+        if self.running is not None and not self.running.done():
+            self.running.cancel()
+            await asyncio.wait([self.running])
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.stopping.set)
         self._settle()
+
+    async def _quiet(self, timeout: float = 2.0) -> None:
+        """Let what else runs on the loop end first: a blocking read still waiting (its block is 0.5 s) would
+        otherwise be left behind on a closed loop (fakeredis's shared server then fails every later write)."""
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=timeout)
 
     def _settle(self) -> None:
         try:
             self.task.result(30)
         except BaseException:  # noqa: BLE001 - a crash is a cancelled task
             pass
+        self._call(self._quiet())
         self._call(self.worker.redis.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)

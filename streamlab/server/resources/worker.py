@@ -8,14 +8,23 @@ under that worker's name, until the worker acknowledges it (``XACK``) with
 the end event written. While it generates, the worker claims its own entry
 again every ``HEARTBEAT`` seconds, which resets the entry's idle time.
 
-A worker killed with ``kill -9`` acknowledges nothing: its entry stays
-pending and stops being refreshed. Every worker, before waiting for new jobs,
+A worker is a batched engine, as ``serve`` is: it holds up to
+``--max-active`` jobs at once (it asks the group for as many as it has free
+slots), runs each as an ``Answer`` on one line of its own, and the model
+decodes them together, one forward pass a step for all
+(``streamlab/model/batching.py``). A slot freed is filled at the next look,
+without waiting for the others. Several workers add up: each takes what it
+has room for.
+
+A worker killed with ``kill -9`` acknowledges nothing: its entries stay
+pending and stop being refreshed. Every worker, before waiting for new jobs,
 takes over entries idle for ``--claim-idle`` seconds (``XAUTOCLAIM``). One
-taken over mid-answer is *not* generated again: its readers have the first
-part already, and a second run (another sampling of the same prompt) would
-not continue it. The worker ends it as ``interrupted``, its partial text kept
-in the stream, where every reader finds it; a job no worker had started yet
-is simply run. Nothing accepted is lost either way.
+taken over mid-answer is *continued*: every piece entry carries its token
+ids, and the heir generates the rest after the prompt and those tokens, into
+the same stream (``continued.py``), so the readers get one answer with no
+token twice, its end naming who continued it. A job no worker had started
+is simply run; one whose end was written (only the acknowledgement lost) is
+acknowledged and left.
 
 With every piece it appends, the worker reads the generation's hash in the
 same round trip: a cancel (``POST /generations/{id}/cancel`` on any replica)
@@ -24,6 +33,13 @@ token. The token count at the moment of the signal (the signal's time by
 Redis's clock, against each token's time, Redis's clock read with every
 round trip) goes into the end event, so what ran on after it is counted as
 chapter 5 counts it.
+
+Redis gone (killed, restarting, out of reach) does not end a worker: it says
+so in one line and asks again, every 0.1 s at first, doubling to every 2 s.
+An answer that cannot append stops within a token (its model must not run on
+for nobody); its entry stays pending under the worker's name, and once Redis
+is back (with its data) this worker or another takes it over after
+``--claim-idle`` and continues it.
 """
 
 from __future__ import annotations
@@ -39,29 +55,32 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from streamlab.net.errors import ArgumentParser, UserError
 from streamlab.net.serving import on_stdin_eof
 from streamlab.net.settings import Setting, Settings
-from streamlab.protocol.endings import GRACE_EXPIRED, INTERRUPTED
+from streamlab.protocol.endings import ERROR, GRACE_EXPIRED, INTERRUPTED, SERVER_SHUTDOWN, STOPPED
 from streamlab.protocol.http_fields import HTTPError
-from streamlab.server.config import ServerConfig
-from streamlab.server.answers.answer import Answer
-from streamlab.server.wire.formats import answer_ending, ending_data, error_body, stopped_in_line, text_data
+from streamlab.server.config import MAX_ACTIVE, ServerConfig
+from streamlab.server.answers.answer import Answer, Undeliverable
+from streamlab.server.wire.formats import answer_ending, ending_data, error_body, stopped_in_line
 from streamlab.server.answers.jobs import Jobs
 from streamlab.server.store.database import Store
 from streamlab.server.answers.requests import GenerationRequest
+from streamlab.server.resources.continued import Kept, WorkerSource, continued_answer, piece_entry
 from streamlab.server.resources.shared_log import (
-    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, meta_key,
-    open_client,
+    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, is_redis_error,
+    meta_key, open_client,
 )
-from streamlab.server.answers.sources import ModelSource
 
 HEARTBEAT = 0.5  # s between a busy worker's claims of its own job (each resets the entry's idle time)
 LOOK_INTERVAL = 0.1  # s: in a silence (reading a long prompt) the worker still looks for a cancel this often
 NEW_JOB_BLOCK_MS = 500  # how long one XREADGROUP waits for a new job before looking for abandoned ones again
+RETRY_FIRST, RETRY_MOST = 0.1, 2.0  # s: the wait after Redis failed, doubling up to the most
+TAKE_TRIES = 10  # looks at a job's hash, each undone by a write to it meanwhile, before leaving the job for later
 
 WORKER = Settings(
     "The worker",
@@ -69,8 +88,12 @@ WORKER = Settings(
             " name)", metavar="URL", type=str, required=True),
     Setting("model", None, "", "Hugging Face id or folder to load", metavar="MODEL",
             show="$STREAMLAB_MODEL, else the embedded model"),
+    Setting("precision", None, "", "the decode format the model runs in (as serve's --precision)", metavar="FORMAT",
+            show="$STREAMLAB_DTYPE, else serve's default"),
     Setting("name", None, "", "this worker's consumer name in the group", type=str, metavar="NAME",
             show="host-pid"),
+    Setting("max_active", MAX_ACTIVE, "generations", "take up to N jobs at once, their tokens decoded together in"
+            " one batch (as serve's --max-active)"),
     Setting("claim_idle", 5.0, "s", "take over a job whose worker has not claimed it for S seconds (one killed)"),
     Setting("token_delay", 0.0, "s", "add S seconds per token (a slower model)"),
     Setting("exit_on_stdin_eof", False, "", "exit when stdin closes (the parent died)", switch=True),
@@ -78,46 +101,148 @@ WORKER = Settings(
 SETTINGS = (WORKER,)
 
 
+def fail_fast(redis: Any) -> None:
+    """One immediate retry per command, where redis-py 8 retries ten times with backoff (seconds of waiting).
+
+    The retry lets a pooled connection found dead (Redis restarted) connect
+    again at once; a Redis that is gone fails the command within a connect,
+    so an answer that cannot append stops now rather than after seconds, and
+    the worker's own loop does the waiting (``RETRY_FIRST`` to ``RETRY_MOST``).
+    """
+    try:
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        redis.set_retry(Retry(NoBackoff(), 1))
+    except Exception:  # noqa: BLE001 - a client without redis-py's retries (a stand-in) keeps its own
+        pass
+
+
 class Worker:
-    """One consumer of the job stream: takes a job, generates it into the generation's stream, acknowledges it."""
+    """One consumer of the job stream: up to ``max_active`` jobs at once, each generated into its stream, then acked."""
 
     def __init__(self, lm: Any, redis: Any, *, name: str | None = None, claim_idle: float = 5.0,
-                 config: ServerConfig | None = None) -> None:
-        self.source = ModelSource(lm)
+                 max_active: int = MAX_ACTIVE, config: ServerConfig | None = None) -> None:
+        self.source = WorkerSource(lm)
         self.redis = redis
+        fail_fast(redis)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.claim_idle_ms = int(claim_idle * 1000)
-        self.config = config or ServerConfig(engine="threads")
-        self.done: list[str] = []  # the generations this worker ended (generated, or found abandoned)
+        self.max_active = max(1, int(max_active))
+        self.config = config or ServerConfig(engine="batched")
+        self.done: list[str] = []  # the generations this worker ended (generated, continued, or found abandoned)
+        self.continued: list[str] = []  # those of them it continued after another worker (or itself) stopped
+        self.tasks: dict[str, asyncio.Task] = {}  # entry id -> the task doing that job, while it runs
+        self.answers: dict[str, Answer] = {}  # entry id -> its answer, while it generates
+        self.most_at_once = 0  # the most jobs it held at once
         self._line: Jobs | None = None
+        self._cursor = "0-0"  # where the next XAUTOCLAIM looks on from
+
+    # -- the loop ------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Take jobs until ``stopping`` is set (a job being generated is finished first)."""
-        await ensure_group(self.redis)
+        """Take jobs until ``stopping`` is set (those being generated are finished first); Redis lost never ends it.
+
+        Cancelled (``InProcessWorker.crash``: what ``kill -9`` does), it stops
+        at once, its generations too, acknowledging and ending nothing.
+        """
+        try:
+            await self._serve(stopping)
+            if self.tasks:
+                await asyncio.wait(list(self.tasks.values()))
+        except asyncio.CancelledError:
+            await self._abandon()
+            raise
+
+    async def _serve(self, stopping: asyncio.Event) -> None:
+        wait, lost, ready = RETRY_FIRST, False, False
         while not stopping.is_set():
-            job = await self.next_job()
-            if job is not None:
-                await self.do(*job)
+            try:
+                if not ready:  # first, and after Redis came back (emptied, maybe: the group made again)
+                    await ensure_group(self.redis)
+                    ready = True
+                    if lost:
+                        self.say("Redis answers again")
+                        wait, lost = RETRY_FIRST, False
+                await self._take_jobs()
+            except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError, TimeoutError, ResponseError
+                if not is_redis_error(err):
+                    raise
+                if not lost:
+                    self.say(f"Redis failed ({type(err).__name__}: {err}); asking again every {RETRY_FIRST:g} s,"
+                             f" doubling to {RETRY_MOST:g} s")
+                lost, ready = True, False
+                try:
+                    await asyncio.wait_for(stopping.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+                wait = min(2 * wait, RETRY_MOST)
 
-    async def next_job(self) -> tuple[str, str, bool] | None:
-        """``(entry id, generation id, taken over)``: an abandoned job first, else a new one, else None."""
-        claimed = await self.redis.xautoclaim(JOBS, GROUP, self.name, self.claim_idle_ms, "0-0", count=1)
-        if claimed[1]:
-            entry_id, fields = claimed[1][0]
-            return entry_id, fields["generation"], True
-        found = await self.redis.xreadgroup(GROUP, self.name, {JOBS: ">"}, count=1, block=NEW_JOB_BLOCK_MS)
-        if not found or not found[0][1]:
-            return None
-        entry_id, fields = found[0][1][0]
-        return entry_id, fields["generation"], False
+    def say(self, line: str) -> None:
+        print(f"streamlab: worker {self.name}: {line}", file=sys.stderr, flush=True)
 
-    async def do(self, entry_id: str, generation_id: str, taken_over: bool) -> None:
+    async def _take_jobs(self) -> None:
+        """One look: with a slot free, take as many jobs as there are free slots; else wait for one to end."""
+        free = self.max_active - len(self.tasks)
+        if free <= 0:
+            await asyncio.wait(list(self.tasks.values()), timeout=NEW_JOB_BLOCK_MS / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
+            return
+        for entry_id, generation_id in await self.next_jobs(free):
+            self.tasks[entry_id] = asyncio.ensure_future(self._job(entry_id, generation_id))
+        self.most_at_once = max(self.most_at_once, len(self.tasks))
+
+    async def next_jobs(self, count: int = 1) -> list[tuple[str, str]]:
+        """Up to ``count`` jobs, ``(entry id, generation id)``: abandoned ones first, else new ones, else none.
+
+        ``XAUTOCLAIM`` looks on from where its last look stopped (a long list
+        of pending entries is read a part at a time). An entry of a job this
+        worker is doing (whose claim came late) is its own: not taken again.
+        """
+        claimed = await self.redis.xautoclaim(JOBS, GROUP, self.name, self.claim_idle_ms, self._cursor, count=count)
+        self._cursor = claimed[0] or "0-0"
+        jobs = [(entry_id, fields["generation"]) for entry_id, fields in claimed[1]
+                if fields and entry_id not in self.tasks]
+        if jobs:
+            return jobs
+        found = await self.redis.xreadgroup(GROUP, self.name, {JOBS: ">"}, count=count, block=NEW_JOB_BLOCK_MS)
+        return [(entry_id, fields["generation"]) for entry_id, fields in (found[0][1] if found else [])]
+
+    async def _job(self, entry_id: str, generation_id: str) -> None:
+        try:
+            await self.do(entry_id, generation_id)
+        except Exception as err:  # noqa: BLE001 - one job's failure must not end the others
+            if not is_redis_error(err):  # a bug: said, and the job ended with an error (not taken over for ever)
+                traceback.print_exc()
+                try:
+                    await self.finish(entry_id, generation_id, "error", {
+                        **error_body(500, f"the worker failed: {type(err).__name__}: {err}"), **self._ending(ERROR, 0)})
+                except Exception:  # noqa: BLE001 - nothing more can be done for it
+                    pass
+            # Redis lost: the job stays pending under this worker's name, to be taken over once Redis is back.
+        finally:
+            self.tasks.pop(entry_id, None)
+            self.answers.pop(entry_id, None)
+
+    async def _abandon(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        for answer in list(self.answers.values()):  # no ending is written: the tasks are cancelled first
+            if answer.job is not None:
+                answer.job.generation.stop(SERVER_SHUTDOWN)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    # -- one job -------------------------------------------------------------------
+
+    async def do(self, entry_id: str, generation_id: str) -> None:
         meta = await self.redis.hgetall(meta_key(generation_id))
         if not meta or meta["status"] == "done":
             await self.redis.xack(JOBS, GROUP, entry_id)
             return
-        if meta["status"] == "running":  # its worker died mid-answer
-            await self.interrupt(entry_id, generation_id, meta)
+        if meta["status"] == "running":  # its worker died mid-answer (or lost Redis)
+            await self.take_over(entry_id, generation_id, meta)
             return
         if not await self._take(generation_id):
             return  # another worker took it, or a replica ended it, meanwhile
@@ -126,63 +251,118 @@ class Worker:
             return
         await self.generate(entry_id, generation_id, json.loads(meta["request"]))
 
-    async def _take(self, generation_id: str) -> bool:
-        """queued -> running, under this worker's name, unless something else changed it first."""
+    async def _take(self, generation_id: str, status: str = "queued", owner: str | None = None) -> bool:
+        """``status`` -> running, under this worker's name, unless something changed it first (or another owns it).
+
+        The hash is watched: a write to it meanwhile aborts the change, and
+        the worker looks again. Most such writes change nothing that matters
+        here (a reader arriving counts itself in the hash, as the worker
+        takes the job its POST made); a status changed (a cancel ended it,
+        another worker took it) is then seen, and the job left alone.
+        """
         key = meta_key(generation_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(key)
-                if await pipe.hget(key, "status") != "queued":
-                    return False
-                pipe.multi()
-                pipe.hset(key, mapping={"status": "running", "worker": self.name})
-                await pipe.execute()
-                return True
-            except Exception as err:  # noqa: BLE001 - redis-py's WatchError
-                if type(err).__name__ == "WatchError":
-                    return False
-                raise
+        for _ in range(TAKE_TRIES):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    now, worker = await pipe.hmget(key, ["status", "worker"])
+                    if now != status or (owner is not None and worker != owner):
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, mapping={"status": "running", "worker": self.name})
+                    await pipe.execute()
+                    return True
+                except Exception as err:  # noqa: BLE001 - redis-py's WatchError: look again
+                    if type(err).__name__ != "WatchError":
+                        raise
+        return False
+
+    async def take_over(self, entry_id: str, generation_id: str, meta: dict[str, str]) -> None:
+        """A job taken over mid-answer: continued from the tokens in its stream (acknowledged, if it had ended).
+
+        The hash names this worker first, then the stream is read: the worker
+        it was taken from, if alive after all (stalled past ``--claim-idle``),
+        sees that with its next piece and stops. That one piece, appended
+        after the read, is the only one it could still add, and its tokens
+        would be made again here: ``--claim-idle`` is set well above any stall.
+        """
+        dead = meta.get("worker")
+        if not await self._take(generation_id, "running", dead):
+            return  # another worker took it over first
+        entries = [fields for _, fields in await self.redis.xrange(events_key(generation_id))]
+        if any(decode_entry(fields)[0] in ENDINGS for fields in entries):  # it had ended; only the ack was lost
+            await self.redis.hset(meta_key(generation_id), "status", "done")
+            await self.redis.xack(JOBS, GROUP, entry_id)
+            return
+        kept = Kept.from_entries(entries)
+        if kept is None:  # pieces without their token ids (an older worker's): what it kept, ended there
+            tokens = max([decode_entry(fields)[2] for fields in entries] or [0])
+            ending = self._ending(INTERRUPTED, tokens, interrupted_worker=dead)
+            await self.finish(entry_id, generation_id, "end", ending)
+            return
+        if meta.get("cancel"):  # cancelled while nobody generated it
+            await self.finish(entry_id, generation_id, "end", self._ending(
+                STOPPED, kept.tokens, stop_signal=meta["cancel"], tokens_at_stop=kept.tokens,
+                **continuing(self.name, dead, kept)))
+            return
+        await self.generate(entry_id, generation_id, json.loads(meta["request"]), kept=kept, dead=dead)
 
     def line(self) -> Jobs:
-        """Where this worker's answers run, one at a time: the same line, jobs and record as a server's.
+        """Where this worker's answers run, up to ``max_active`` at once: the same line, jobs and record as a server's.
 
-        Its store is a throwaway of its own (the replicas' readers read the
-        events in Redis, and the shared log keeps no conversations), made
-        when the first job comes, so a worker that only appends (chapter 13's
-        cost of the log) makes none.
+        Its engine is the config's (batched: one forward pass a step for all
+        its answers; a model that cannot batch runs threads). Its store is a
+        throwaway of its own (the replicas' readers read the events in Redis,
+        and the shared log keeps no conversations), made when the first job
+        comes, so a worker that only appends (chapter 13's cost of the log) makes none.
         """
         if self._line is None:
             folder = Path(tempfile.mkdtemp(prefix="streamlab-worker-"))
             atexit.register(shutil.rmtree, folder, True)
             # At most one piece ahead of the loop: a busy loop must not let the model run on past a cancel
             # it has not read yet (the loop's work per piece is one round trip, next to a token's forward pass).
-            config = dataclasses.replace(self.config, max_active=1, max_queued=1, slow_reader_timeout=None)
+            config = dataclasses.replace(self.config, max_active=self.max_active, max_queued=1,
+                                         slow_reader_timeout=None)
             self._line = Jobs(self.source, config, Store(folder / "answers.db"))
         return self._line
 
-    async def generate(self, entry_id: str, generation_id: str, request: dict) -> None:
-        """The job's answer, run as every answer is (``Answer``), its pieces and its end appended to Redis."""
+    async def generate(self, entry_id: str, generation_id: str, request: dict, *, kept: Kept | None = None,
+                       dead: str | None = None) -> None:
+        """The job's answer, run as every answer is (``Answer``), its pieces and its end appended to Redis.
+
+        With ``kept``, it continues a taken-over answer after those tokens
+        (``continued.continued_answer``), ``dead`` naming whose it was.
+        """
         req = GenerationRequest(**{**request, "stop": tuple(request.get("stop") or ())})
+        line = self.line()
         try:
-            answer = Answer(self.line(), "/generations", req, generation_id=generation_id)
+            if kept is None:
+                answer = Answer(line, "/generations", req, generation_id=generation_id)
+            else:
+                answer = continued_answer(line, req, kept, generation_id)
         except HTTPError as err:  # it does not fit the model's context
-            await self.finish(entry_id, generation_id, "error", {**error_body(err.status, err.message),
-                                                                 **self._ending("error", 0)})
+            await self.finish(entry_id, generation_id, "error", {
+                **error_body(err.status, err.message), **self._ending("error", kept.tokens if kept else 0)})
             return
-        await answer.run(IntoTheLog(self, entry_id, generation_id), ping_interval=LOOK_INTERVAL)
+        self.answers[entry_id] = answer
+        await answer.run(IntoTheLog(self, entry_id, generation_id, kept, dead), ping_interval=LOOK_INTERVAL)
 
     async def step(self, entry_id: str, generation_id: str, piece: Any, tokens: int,
-                   heartbeat: bool = False) -> tuple[int | None, list, int]:
+                   heartbeat: bool = False, *, ids: Sequence[int] | None = None,
+                   kept: int = 0) -> tuple[int | None, list, int]:
         """One round trip per piece: append it, count the tokens, read the hash (a cancel? readers?), Redis's time.
 
         Returns the appended entry's time (None without a piece), the hash's
         fields and now, both by Redis's clock. With ``heartbeat``, the job's
         entry is claimed again too, which tells the other workers it is alive.
+        ``ids``: the piece's token ids, kept in its entry (what a worker that
+        takes the answer over continues from); ``kept``: tokens a continued
+        answer had before this generation, counted in the entry's ``n``.
         """
         meta = meta_key(generation_id)
         pipe = self.redis.pipeline(transaction=False)
         if piece is not None:
-            pipe.xadd(events_key(generation_id), encode_entry("message", text_data(piece.text), piece.tokens))
+            pipe.xadd(events_key(generation_id), piece_entry(piece.text, kept + piece.tokens, ids))
         pipe.hset(meta, "tokens", tokens)
         pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
         pipe.time()
@@ -198,18 +378,6 @@ class Worker:
         """The end event's data, in the in-memory registry's words (no store: no conversation), and its worker."""
         return ending_data(stored, tokens, worker=self.name, **extra)
 
-    async def interrupt(self, entry_id: str, generation_id: str, meta: dict[str, str]) -> None:
-        """A job taken over mid-answer: end it ``interrupted``, keeping the partial text its worker appended."""
-        entries = await self.redis.xrange(events_key(generation_id))
-        decoded = [decode_entry(fields) for _, fields in entries]
-        if any(name in ENDINGS for name, _, _ in decoded):  # it had ended; only the acknowledgement was lost
-            await self.redis.hset(meta_key(generation_id), "status", "done")
-            await self.redis.xack(JOBS, GROUP, entry_id)
-            return
-        tokens = max([n for name, _, n in decoded if name == "message"] or [0])
-        await self.finish(entry_id, generation_id, "end",
-                          self._ending(INTERRUPTED, tokens, interrupted_worker=meta.get("worker")))
-
     async def finish(self, entry_id: str, generation_id: str, name: str, data: dict) -> None:
         """The end event, the hash's final state and the acknowledgement, in one transaction."""
         meta, events = meta_key(generation_id), events_key(generation_id)
@@ -224,19 +392,31 @@ class Worker:
         self.done.append(generation_id)
 
 
+def continuing(worker: str, dead: str | None, kept: Kept) -> dict[str, Any]:
+    """What a continued answer's end says of it: who continued it, from whom, after how many tokens."""
+    return {"continued_by": worker, "continued_from": dead, "kept_tokens": kept.tokens}
+
+
 class IntoTheLog:
     """A worker's answer as the generation's Redis stream: a ``message`` entry per piece, then its end.
 
     One round trip per piece (and one per silence of ``LOOK_INTERVAL``):
     append, read the hash. A cancel or the grace period found there stops
     the answer, with the moment of the signal by Redis's clock; a job taken
-    over by another worker is given up without an end (that worker wrote it).
+    over by another worker is given up without an end (that worker writes
+    it), and so is one whose Redis cannot be reached: its generation stops at
+    once, its job pending until Redis is back and someone takes it over.
+    ``kept``: a continued answer's tokens before this generation, counted in.
     """
 
-    def __init__(self, worker: Worker, entry_id: str, generation_id: str) -> None:
+    def __init__(self, worker: Worker, entry_id: str, generation_id: str, kept: Kept | None = None,
+                 dead: str | None = None) -> None:
         self.worker = worker
         self.entry_id = entry_id
         self.generation_id = generation_id
+        self.kept = kept.tokens if kept is not None else 0
+        self.continuing = continuing(worker.name, dead, kept) if kept is not None else {}
+        self.sent = 0  # this generation's tokens whose ids are in the stream
         self.clock = 0.0  # Redis's clock minus ours, in ms (off by one round trip)
         self.stop_signal: str | None = None
         self.signal_ms = 0
@@ -244,7 +424,7 @@ class IntoTheLog:
         self.beat = time.monotonic()
 
     async def place(self, answer: Answer, ahead: int | None) -> None:
-        return None  # one job at a time: never in line
+        return None  # never in line: the worker takes no more jobs than its line has slots
 
     async def opening(self, answer: Answer) -> bool:
         return True
@@ -259,18 +439,33 @@ class IntoTheLog:
         heartbeat = time.monotonic() - self.beat >= HEARTBEAT
         self.beat = time.monotonic() if heartbeat else self.beat
         generation = answer.job.generation
-        _, state, now = await self.worker.step(self.entry_id, self.generation_id, piece, generation.tokens, heartbeat)
+        ids = None
+        if piece is not None:
+            ids, self.sent = generation.token_ids[self.sent : piece.tokens], piece.tokens
+        try:
+            _, state, now = await self.worker.step(self.entry_id, self.generation_id, piece,
+                                                   self.kept + generation.tokens, heartbeat, ids=ids, kept=self.kept)
+        except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError, TimeoutError...
+            if not is_redis_error(err):
+                raise
+            self._give_up(answer)  # nothing can be appended: the model stops within a token
+            raise Undeliverable from err
         self.clock = now - time.perf_counter() * 1000
         status, owner, cancel, cancel_ms, readers, orphaned, grace = state
-        if status == "done" or owner != self.worker.name:  # taken over: another worker ended it
-            self.lost = True
-            answer.stop(INTERRUPTED)
-        elif self.stop_signal is None and cancel:
+        if status == "done" or owner != self.worker.name:  # taken over: another worker writes the rest
+            self._give_up(answer)
+            raise Undeliverable
+        if self.stop_signal is None and cancel:
             self.stop_signal, self.signal_ms = cancel, int(cancel_ms)
         elif self.stop_signal is None and int(readers) <= 0 and now >= int(orphaned) + int(grace):
             self.stop_signal, self.signal_ms = GRACE_EXPIRED, int(orphaned) + int(grace)
         if self.stop_signal is not None and not generation.stopping:
             answer.stop(self.stop_signal)
+
+    def _give_up(self, answer: Answer) -> None:
+        """Stop generating and write nothing more: the job is someone else's now, or Redis's when it returns."""
+        self.lost = True
+        answer.stop(SERVER_SHUTDOWN)  # nobody asked: stored (in the worker's throwaway store) as interrupted
 
     async def ending(self, answer: Answer) -> None:
         if self.lost:
@@ -278,17 +473,20 @@ class IntoTheLog:
         name, ending = answer_ending(answer)
         result = answer.job.generation.result
         # The replica's store knows nothing of this answer: no conversation, no message to name.
-        ending = {**ending, **self.worker._ending(ending["stop_reason"], result.tokens)}
+        ending = {**ending, **self.worker._ending(ending["stop_reason"], self.kept + result.tokens, **self.continuing)}
         if self.stop_signal is not None:  # the tokens made by the signal's moment, each token's time on Redis's clock
-            ending["tokens_at_stop"] = sum(1 for t in result.token_times if t * 1000 + self.clock <= self.signal_ms)
+            ending["tokens_at_stop"] = self.kept + sum(
+                1 for t in result.token_times if t * 1000 + self.clock <= self.signal_ms)
             ending["stop_signal"] = self.stop_signal
         await self.worker.finish(self.entry_id, self.generation_id, name, ending)
+        if self.continuing:
+            self.worker.continued.append(self.generation_id)
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m streamlab worker",
                        description="Take /generations jobs from Redis (what serve --events URL queues) and generate"
-                                   " them with the model, one at a time.")
+                                   " them with the model, up to --max-active at once in one batch.")
     WORKER.add_to(p)
     return p
 
@@ -305,10 +503,10 @@ async def reachable(url: str) -> None:
 
 
 async def work(lm: Any, url: str, *, name: str | None, claim_idle: float, config: ServerConfig,
-               exit_on_stdin_eof: bool) -> int:
+               exit_on_stdin_eof: bool, max_active: int = MAX_ACTIVE) -> int:
     redis = open_client(url)
     try:
-        worker = Worker(lm, redis, name=name, claim_idle=claim_idle, config=config)
+        worker = Worker(lm, redis, name=name, claim_idle=claim_idle, config=config, max_active=max_active)
         loop, stopping = asyncio.get_running_loop(), asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping.set)
@@ -332,13 +530,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.claim_idle <= 0 or args.token_delay < 0:
         raise UserError(f"{WORKER.flag('claim_idle')} must be positive and {WORKER.flag('token_delay')} cannot be"
                         " negative")
+    if args.max_active < 1:
+        raise UserError(f"{WORKER.flag('max_active')} must be at least 1")
     asyncio.run(reachable(args.redis))
     from streamlab.server.answers.sources import load_and_say
 
-    lm = load_and_say(args.model, "threads (one at a time)")
-    config = ServerConfig(engine="threads", token_delay=args.token_delay)
+    lm = load_and_say(args.model, f"batched, up to {args.max_active} at once", args.precision)
+    config = ServerConfig(engine="batched", token_delay=args.token_delay)
     return asyncio.run(work(lm, args.redis, name=args.name, claim_idle=args.claim_idle, config=config,
-                            exit_on_stdin_eof=args.exit_on_stdin_eof))
+                            exit_on_stdin_eof=args.exit_on_stdin_eof, max_active=args.max_active))
 
 
 if __name__ == "__main__":
