@@ -243,8 +243,20 @@ def test_03_bytes_on_the_wire(book_of_3_and_4):
     sizes = f["bytes_per_event"]
     assert f["smallest"] == "WebSocket frame" and f["largest"] == "OpenAI chat.completion.chunk"
     assert sizes["WebSocket frame"] < sizes["streamlab SSE event"] < sizes["Anthropic content_block_delta"]
+    assert sizes["Anthropic content_block_delta"] < sizes["OpenAI response.output_text.delta"] < sizes[
+        "OpenAI chat.completion.chunk"]
+    assert len(sizes) == 5  # every framing the server streams, from its own formats
     assert f["recoverable_plain"] == 1.0
     assert f["recoverable_padded"] < 1.0 and f["padding_cost"] > 1.0
+    # OpenAI's obfuscation filler: dearer than none, and its sizes name a length less often than the plain chunk's.
+    leak = {r["scheme"]: r for r in f["leak"]}
+    chunk, filled = leak["OpenAI chat.completion.chunk"], leak["OpenAI chunk with its obfuscation field"]
+    assert filled["bytes per event"] > chunk["bytes per event"] == pytest.approx(filled["bytes per event"]
+                                                                                 - f["obfuscation_bytes_added"], abs=0.1)
+    assert f["obfuscation_bytes_added"] > 0 and f["obfuscation_cost"] > 1.0
+    assert f["names_length_chunk"] == f["recoverable_plain"]  # the chunk, like our event, is its text plus a constant
+    assert f["names_length_obfuscated"] < f["names_length_chunk"] and filled["distinct sizes"] > chunk["distinct sizes"]
+    assert f["names_length_padded"] == f["recoverable_padded"] and f["answers_watched"] > 1
     assert f["source"] == "generated here"  # alone, it makes the answers itself
 
 
@@ -402,16 +414,35 @@ def test_10_the_formats_people_actually_use(tmp_path):
     assert all(r["library raised"] is None and r["library: stop reason"] for r in f["formats"])
     ratio = "bytes per text byte"
     assert formats["streamlab SSE"][ratio] < formats["Anthropic events"][ratio] < formats["OpenAI chunks"][ratio]
+    assert set(formats) == {"streamlab SSE", "OpenAI chunks", "OpenAI Responses events", "Anthropic events"}
+    # The Responses API: its route, its own ending read by the SDK too; a delta smaller than a chunk, the events
+    # around the deltas (the response object twice, the whole text four times) dearer than all of the chunks'.
+    responses, chunks = formats["OpenAI Responses events"], formats["OpenAI chunks"]
+    assert responses["route"] == "/v1/responses" and responses[ratio] > 1 and responses["library: failure event"] is None
+    assert responses["ended with"] in {"completed", "max_output_tokens"}
+    assert responses["library: stop reason"] == responses["ended with"]
+    per_event = {name: r["bytes in text events"] / r["text events"] for name, r in (("responses", responses),
+                                                                                   ("chunks", chunks))}
+    assert per_event["responses"] < per_event["chunks"]
+    assert (responses["bytes on the wire"] - responses["bytes in text events"]
+            > chunks["bytes on the wire"] - chunks["bytes in text events"])
     # A stream ended cleanly after cut_after pieces: the SDKs hand over the beginning and raise nothing.
     cut = [r for r in f["truncation"] if r["path"] == "cut by the hop"]
     sdk = [r for r in cut if r["reader"] != "streamlab Trace (raw socket)"]
     ours = [r for r in cut if r["reader"] == "streamlab Trace (raw socket)"]
-    assert len(sdk) >= 4 and all(r["raised"] is False for r in sdk)
+    assert len(sdk) >= 5 and all(r["raised"] is False for r in sdk)
+    assert [r["format"] for r in sdk].count("OpenAI Responses events") == 1  # counted in the tally of SDK readings
     assert all(r["beginning of the whole answer"] and 0 < r["text received (chars)"] < len(f["text"]) for r in cut)
     assert all(r["a check of the stop reason says cut"] for r in cut)
-    assert len(ours) == 3 and all(r["the reader said it was cut"] for r in ours)
+    assert len(ours) == len(formats) == 4 and all(r["the reader said it was cut"] for r in ours)
     relayed = [r for r in f["truncation"] if r["path"] != "cut by the hop"]
-    assert relayed and all(r["raised"] for r in relayed)  # the relay turns the cut into an error the SDK raises
+    # The relay turns the cut into each format's error: the Chat Completions and Messages SDKs raise it...
+    assert relayed and all(r["raised"] for r in relayed if r["format"] != "OpenAI Responses events")
+    # ... and the Responses SDK hands response.failed over as one more event, which the reading counts as told.
+    behind = [r for r in relayed if r["format"] == "OpenAI Responses events"]
+    assert len(behind) == 1 and behind[0]["raised"] is False and behind[0]["the reader said it was cut"]
+    assert behind[0]["failure event it handed over"].startswith("response.failed: ")
+    assert {r["format"] for r in relayed} == set(formats) - {"streamlab SSE"}
     relay = {r["path"]: r for r in f["relay"]}
     leave = f["leave_after"]
     # What the server promises: it stops within a token or two of noticing its reader (or the relay) gone, and it

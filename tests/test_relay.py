@@ -147,8 +147,8 @@ def hop(upstream):
         yield hop
 
 
-@pytest.mark.parametrize("read", [api_formats.read_openai, api_formats.read_anthropic, api_formats.read_httpx_sse],
-                         ids=["openai", "anthropic", "httpx-sse"])
+@pytest.mark.parametrize("read", [api_formats.read_openai, api_formats.read_openai_responses, api_formats.read_anthropic,
+                                  api_formats.read_httpx_sse], ids=["openai", "openai-responses", "anthropic", "httpx-sse"])
 def test_the_sdks_hand_over_a_cleanly_cut_stream_as_if_it_were_whole(hop, read):
     kwargs = {} if read is api_formats.read_httpx_sse else {"model": "fake"}
     result = read(hop.url, LONG, **kwargs)
@@ -175,6 +175,24 @@ def test_a_relay_behind_the_hop_turns_the_cut_into_an_error_the_sdk_raises(hop):
     with serving(UpstreamSource(hop.url)) as relay:
         result = api_formats.read_openai(relay.url, LONG, model="fake")
     assert result.raised is not None and result.text == DEFAULT_SCRIPT[:CUT]
+
+
+def test_behind_the_relay_the_responses_sdk_hands_the_cut_over_as_response_failed(hop):
+    """The relay serves /v1/responses too: the cut is a ``response.failed``, an event this SDK does not raise."""
+    with serving(UpstreamSource(hop.url)) as relay:
+        result = api_formats.read_openai_responses(relay.url, LONG, model="fake")
+    assert result.raised is None and result.stop_reason is None and result.text == DEFAULT_SCRIPT[:CUT]
+    assert result.failed is not None and "without finish_reason" in result.failed
+
+
+def test_the_responses_reading_takes_its_stop_reason_from_the_terminal_event(upstream):
+    url = f"http://127.0.0.1:{upstream.port}"
+    whole = api_formats.read_openai_responses(url, 200, model="fake")  # the script ends before 200 tokens
+    short = api_formats.read_openai_responses(url, 3, model="fake")
+    assert (whole.stop_reason, whole.text, whole.failed) == ("completed", DEFAULT_SCRIPT, None)
+    assert short.stop_reason == "max_output_tokens" and short.pieces == 3
+    assert api_formats.ending(client.post_sync(upstream.port, "/v1/responses", api_formats.request_body(
+        api_formats.RESPONSES, 3, model="fake"))) == "max_output_tokens"
 
 
 def test_health_asks_the_upstream(relays, upstream):

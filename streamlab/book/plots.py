@@ -334,10 +334,10 @@ def detokenizer_cost(rows: Sequence[Mapping[str, Any]], *, length: str = "answer
     return ax
 
 
-def bytes_per_event(sizes: Mapping[str, int], *, text_bytes: int, ax: Any = None,
-                    title: str = "One piece of text, four framings") -> Any:
+def bytes_per_event(sizes: Mapping[str, int], *, text_bytes: int, ax: Any = None, title: str | None = None) -> Any:
     """One bar per framing: the bytes it takes to deliver one piece of ``text_bytes`` bytes, smallest first."""
     ax = _axes(ax, 1.0 + 0.5 * len(sizes))
+    title = title or f"One piece of text, {len(sizes)} framings"
     ordered = sorted(sizes.items(), key=lambda kv: kv[1])
     names = [k for k, _ in ordered]
     _hbars(ax, range(len(ordered)), [v for _, v in ordered], height=0.6,
@@ -352,14 +352,16 @@ def bytes_per_event(sizes: Mapping[str, int], *, text_bytes: int, ax: Any = None
     return ax
 
 
-def size_leak(text_bytes: Sequence[int], plain: Sequence[int], padded: Sequence[int], *, pad_block: int,
-              ax: Any = None, title: str = "Event size reveals token length; padding blurs it") -> Any:
-    """Each piece: its event's size against its text's size, plain and padded to blocks."""
+def size_leak(text_bytes: Sequence[int], plain: Sequence[int], padded: Sequence[int], *, pad_block: int | None = None,
+              ax: Any = None, title: str = "Event size reveals token length; padding blurs it",
+              padded_label: str | None = None, event: str = "SSE event") -> Any:
+    """Each piece: its event's size against its text's size, plain and padded (to blocks, or ``padded_label``)."""
     ax = _axes(ax, 3.8)
     ax.scatter(text_bytes, plain, s=16, color=BLUE, label="plain event")
-    ax.scatter(text_bytes, padded, s=16, marker="s", color=ORANGE, label=f"padded to {pad_block}-byte blocks")
+    ax.scatter(text_bytes, padded, s=16, marker="s", color=ORANGE,
+               label=padded_label or f"padded to {pad_block}-byte blocks")
     ax.set_xlabel("bytes of text in the piece (token length)")
-    ax.set_ylabel("bytes of the SSE event (what TLS shows)")
+    ax.set_ylabel(f"bytes of the {event} (what TLS shows)")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     ax.set_title(title)
@@ -412,10 +414,10 @@ def first_text_by_readers(rows: Sequence[Mapping[str, Any]], *, idle: float | No
     return ax
 
 
-def format_costs(rows: Sequence[Mapping[str, Any]], *, ax: Any = None,
-                 title: str = "The same answer, three formats: bytes on the wire") -> Any:
+def format_costs(rows: Sequence[Mapping[str, Any]], *, ax: Any = None, title: str | None = None) -> Any:
     """Per format, a bar of the bytes on the wire split into the text itself and everything around it."""
     ax = _axes(ax, 1.2 + 0.55 * len(rows))
+    title = title or f"The same answer, {len(rows)} formats: bytes on the wire"
     labels = [r["format"] for r in rows][::-1]
     text = [r["text bytes"] for r in rows][::-1]
     framing = [r["bytes on the wire"] - r["text bytes"] for r in rows][::-1]

@@ -324,7 +324,8 @@ class Server:
     async def chat_completions(self, client: ClientConnection, request: Request) -> bool:
         """``POST /v1/chat/completions``: OpenAI's Chat Completions, streamed or whole."""
         req = openai_api.parse_request(await self._body(client, request))
-        fmt = openai_api.ChatCompletionFormat(self.source.name, include_usage=req.include_usage)
+        fmt = openai_api.ChatCompletionFormat(self.source.name, include_usage=req.include_usage,
+                                               include_obfuscation=req.include_obfuscation)
         return await (self._stream if req.stream else self._whole)(client, request, req, fmt)
 
     async def messages(self, client: ClientConnection, request: Request) -> bool:

@@ -1,18 +1,19 @@
-"""Chapter 10's experiments: the formats people use, the SDKs that read them, and the relay.
+"""Chapter 10's experiments: the formats people use, the SDKs that read them, and a cut stream.
 
 Three questions, each answered against a live server with the real model:
 
 1. ``same_answer``: one answer (same prompt, same seed) as streamlab's SSE,
-   OpenAI's ``chat.completion.chunk`` stream and Anthropic's Messages events,
-   traced on a raw socket (bytes, events, time to first text, how it ended)
-   and then read by each format's own client (``httpx-sse``, ``openai``,
+   OpenAI's ``chat.completion.chunk`` stream, the typed events of OpenAI's
+   Responses API and Anthropic's Messages events, traced on a raw socket
+   (bytes, events, time to first text, how it ended) and then read by each
+   format's own client (``httpx-sse``, ``openai`` on both its APIs,
    ``anthropic``), timing the first text each hands to the program.
 2. ``CuttingHop`` and ``truncation_table``: the proxy with ``--cut-after``,
    which ends the response *cleanly* (the zero-length chunk) after N
    pieces, as a platform or proxy with a time limit does. What does each
    reader do with a well-formed body that lacks its ending?
-3. ``leave_through``: a client of the relay (``serve --upstream``) leaves
-   after N pieces; how many tokens did the upstream generate?
+3. A client of the relay (``serve --upstream``) leaves after N pieces; how
+   many tokens did the upstream generate? That one is ``relay_leaving.py``'s.
 
 The functions return plain rows (dicts) for a table, with the traces kept
 where a plot needs them.
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from streamlab.client import timed as client
-from streamlab.client.tracing import Trace, piece_text
+from streamlab.client.tracing import RESPONSE_ENDS, Trace, piece_text, response_ending
 from streamlab.hops.exchange import CUT_AFTER
 from streamlab.hops.forwarders import EventSplitter
 from streamlab.hops.proxy import Proxy, ProxyConfig
@@ -39,10 +40,12 @@ PROMPT = "Tell me about lighthouses."
 # Sampled, not greedy, so that the seed matters; every format gets the same three numbers.
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 1}
 
-STREAMLAB, OPENAI, ANTHROPIC = "streamlab SSE", "OpenAI chunks", "Anthropic events"
-ROUTES = {STREAMLAB: "/stream", OPENAI: "/v1/chat/completions", ANTHROPIC: "/v1/messages"}
+STREAMLAB, OPENAI, RESPONSES, ANTHROPIC = "streamlab SSE", "OpenAI chunks", "OpenAI Responses events", "Anthropic events"
+ROUTES = {STREAMLAB: "/stream", OPENAI: "/v1/chat/completions", RESPONSES: "/v1/responses", ANTHROPIC: "/v1/messages"}
+SHORT = {STREAMLAB: "SSE", OPENAI: "OpenAI chunks", RESPONSES: "Responses", ANTHROPIC: "Anthropic"}  # for a headline
 # What a reader must see last for the answer to be whole, per format.
 TERMINATORS = {STREAMLAB: "event: end, then data: [DONE]", OPENAI: "finish_reason, then data: [DONE]",
+               RESPONSES: "response.completed (response.incomplete at the length limit), no [DONE]",
                ANTHROPIC: "message_delta (stop_reason), then message_stop"}
 
 
@@ -54,6 +57,8 @@ def request_body(fmt: str, max_tokens: int, *, prompt: str = PROMPT, model: str 
         return {"prompt": prompt, "max_tokens": max_tokens, **SAMPLING, **extra}
     if fmt == OPENAI:
         return {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, **SAMPLING, **extra}
+    if fmt == RESPONSES:  # the same user message as a string: input's shortest form
+        return {"model": model, "input": prompt, "stream": True, "max_output_tokens": max_tokens, **SAMPLING, **extra}
     if fmt == ANTHROPIC:
         return {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, **SAMPLING, **extra}
     raise ValueError(f"unknown format {fmt!r}")
@@ -70,6 +75,8 @@ def ending(trace: Trace) -> str | None:
         if event.kind != "end":
             continue
         data = event.data if isinstance(event.data, dict) else {}
+        if data.get("type") in RESPONSE_ENDS:  # the Responses API's terminal event: its status, or why incomplete
+            return response_ending(data.get("response"))
         if data.get("stop_reason"):  # ours
             return data["stop_reason"]
         if isinstance(data.get("delta"), dict) and data["delta"].get("stop_reason"):  # Anthropic's message_delta
@@ -81,7 +88,7 @@ def ending(trace: Trace) -> str | None:
 
 
 # --------------------------------------------------------------------------
-# 1. The same answer in three formats
+# 1. The same answer in every format
 # --------------------------------------------------------------------------
 
 
@@ -94,6 +101,7 @@ def raw_row(fmt: str, trace: Trace) -> dict[str, Any]:
         "events": len(trace.events),
         "text events": len(trace.text_events),
         "text bytes": trace.text_bytes,
+        "bytes in text events": sum(e.nbytes or 0 for e in trace.text_events),
         "bytes per text byte": round(trace.ratio, 1),
         "first text (s)": None if trace.first_text is None else round(trace.first_text, 3),
         "end (s)": None if trace.end is None else round(trace.end, 3),
@@ -127,6 +135,7 @@ class SdkRead:
     end: float | None = None
     stop_reason: str | None = None
     raised: str | None = None  # the exception's type and message, when it raised
+    failed: str | None = None  # a failure the stream's own event reported, which the SDK handed over unraised
     pieces: int = 0
     times: list[float] = field(default_factory=list)
 
@@ -220,6 +229,34 @@ def read_openai_helper(url: str, max_tokens: int, *, model: str, prompt: str = P
     return _reading("openai: stream() helper, get_final_completion()", OPENAI, body, owned=owned)
 
 
+def read_openai_responses(url: str, max_tokens: int, *, model: str, prompt: str = PROMPT, sdk: Any = None) -> SdkRead:
+    """``client.responses.create(stream=True)``, iterated: each ``response.output_text.delta``'s text, then the end.
+
+    The stop reason is the terminal event's: ``completed``, or why the
+    response is ``incomplete`` (``max_output_tokens``). A ``response.failed``
+    is an event like the others to this SDK (it raises only on a top-level
+    ``error``): its message is kept as ``failed``, as a program that checks
+    the event's type would keep it.
+    """
+    owned = None if sdk else _openai(url)
+    sdk = sdk or owned
+    body = request_body(RESPONSES, max_tokens, prompt=prompt, model=model)
+    kwargs = {**{k: v for k, v in body.items() if k != "seed"}, "extra_body": {"seed": body["seed"]}}  # not the API's
+
+    def read(result: SdkRead, started: float) -> None:
+        for event in sdk.responses.create(**kwargs):
+            if event.type == "response.output_text.delta":
+                result.got(event.delta, started)
+            elif event.type in ("response.completed", "response.incomplete"):
+                details = event.response.incomplete_details
+                result.stop_reason = details.reason if details and details.reason else event.response.status
+            elif event.type == "response.failed":
+                error = event.response.error
+                result.failed = f"response.failed: {error.message if error else 'no error given'}"[:200]
+
+    return _reading("openai: for event in responses.create()", RESPONSES, read, owned=owned)
+
+
 def _anthropic(url: str) -> Any:
     import anthropic
 
@@ -265,6 +302,7 @@ def read_anthropic_final(url: str, max_tokens: int, *, model: str, prompt: str =
 SDK_READERS: dict[str, Callable[..., SdkRead]] = {
     STREAMLAB: read_httpx_sse,
     OPENAI: read_openai,
+    RESPONSES: read_openai_responses,
     ANTHROPIC: read_anthropic,
 }
 
@@ -273,7 +311,7 @@ def _client_for(fmt: str, url: str) -> Any:
     import httpx
 
     return {STREAMLAB: lambda: httpx.Client(timeout=120), OPENAI: lambda: _openai(url),
-            ANTHROPIC: lambda: _anthropic(url)}[fmt]()
+            RESPONSES: lambda: _openai(url), ANTHROPIC: lambda: _anthropic(url)}[fmt]()
 
 
 def sdk_reads(url: str, max_tokens: int, *, model: str) -> dict[str, SdkRead]:
@@ -305,7 +343,8 @@ def same_answer(port: int, url: str, max_tokens: int) -> dict[str, Any]:
         read = reads[fmt]
         rows.append({**raw_row(fmt, trace), "client library": read.reader.split(":")[0],
                      "library: first text (s)": None if read.first_text is None else round(read.first_text, 3),
-                     "library: stop reason": read.stop_reason, "library raised": read.raised})
+                     "library: stop reason": read.stop_reason, "library raised": read.raised,
+                     "library: failure event": read.failed})
     texts = [t.text for t in traces.values()] + [r.text for r in reads.values()]
     return {"rows": rows, "traces": traces, "reads": reads, "model": model,
             "same_text": len(set(texts)) == 1 and bool(texts[0]), "text": texts[0]}
@@ -317,7 +356,7 @@ def same_answer(port: int, url: str, max_tokens: int) -> dict[str, Any]:
 
 
 def carries_text(event: sse.Event) -> bool:
-    """Whether an SSE event carries text, in any of the three formats: what the cutting hop counts."""
+    """Whether an SSE event carries text, in any of the formats: what the cutting hop counts."""
     with suppress(ValueError):
         return bool(piece_text(json.loads(event.data)))
     return False
@@ -330,8 +369,8 @@ class CuttingHop:
     stream (``streamlab.hops.forwarders.CuttingForwarder``): the client gets
     the head, whole events, and then the zero-length chunk, a body that is
     well formed and complete as far as HTTP can tell. Only the missing
-    terminator (``end``, ``finish_reason`` and ``[DONE]``, ``message_stop``)
-    gives it away. The hop then closes its connection to the server, which
+    terminator (``end``, ``finish_reason`` and ``[DONE]``,
+    ``response.completed``, ``message_stop``) gives it away. The hop then closes its connection to the server, which
     (watching its socket) stops generating. Other responses pass as they are.
 
     It counts pieces, not events, so that every format is cut after the
@@ -393,17 +432,19 @@ class CuttingHop:
 TRUNCATION_READERS: list[tuple[str, Callable[..., SdkRead]]] = [
     (OPENAI, read_openai),
     (OPENAI, read_openai_helper),
+    (RESPONSES, read_openai_responses),
     (ANTHROPIC, read_anthropic),
     (ANTHROPIC, read_anthropic_final),
     (STREAMLAB, read_httpx_sse),
 ]
-RELAYED_READERS = [(OPENAI, read_openai), (ANTHROPIC, read_anthropic)]
+# The relay serves every route of its own, /v1/responses too, from its upstream's Chat Completions.
+RELAYED_READERS = [(OPENAI, read_openai), (RESPONSES, read_openai_responses), (ANTHROPIC, read_anthropic)]
 CUT, RELAYED = "cut by the hop", "cut by the hop, then a streamlab relay"
 OURS = "streamlab Trace (raw socket)"
 
 
 def _row(path: str, reader: str, fmt: str, text: str, whole: str | None, *, raised: str | None,
-         stop_reason: str | None, told: bool) -> dict[str, Any]:
+         stop_reason: str | None, told: bool, failed: str | None = None) -> dict[str, Any]:
     return {
         "path": path,
         "reader": reader,
@@ -413,6 +454,7 @@ def _row(path: str, reader: str, fmt: str, text: str, whole: str | None, *, rais
         "beginning of the whole answer": None if whole is None else whole.startswith(text),
         "raised": raised is not None,
         "what it raised": raised or "",
+        "failure event it handed over": failed or "",
         "stop reason it saw": stop_reason,
         "the reader said it was cut": told,
         "a check of the stop reason says cut": stop_reason is None,
@@ -421,7 +463,8 @@ def _row(path: str, reader: str, fmt: str, text: str, whole: str | None, *, rais
 
 def _sdk_row(path: str, result: SdkRead, whole: str | None) -> dict[str, Any]:
     return _row(path, result.reader, result.format, result.text, whole, raised=result.raised,
-                stop_reason=result.stop_reason, told=result.raised is not None)
+                stop_reason=result.stop_reason, told=result.raised is not None or result.failed is not None,
+                failed=result.failed)
 
 
 def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, whole: str | None = None,
@@ -431,10 +474,11 @@ def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, 
     The SDK rows say what the library did: raise, or hand over the text; and
     whether the stop reason was there for a program that checks it. The
     raw-socket rows are streamlab's ``Trace``, which calls an answer whole
-    only when its terminator arrived. With ``relay``, two SDKs read once more
-    through a streamlab relay placed after the hop (``serve --upstream``):
-    the relay checks the upstream's ending, and turns a cut into an error
-    that the SDK raises. With ``whole`` (the uncut answer to the same
+    only when its terminator arrived. With ``relay``, one SDK reading per API
+    goes once more through a streamlab relay placed after the hop (``serve
+    --upstream``): the relay checks the upstream's ending, and turns a cut
+    into each format's error (which an SDK raises, or hands over as an
+    event: the row says which). With ``whole`` (the uncut answer to the same
     request), each row says whether what it got is that answer's beginning.
 
     A chapter that starts its servers once passes its ``hop`` (a running
@@ -468,73 +512,6 @@ def truncation_table(port: int, cut_after: int, max_tokens: int, *, model: str, 
         if own_hop:
             hop.stop()
     return rows
-
-
-# --------------------------------------------------------------------------
-# 3. The relay: does the upstream stop when our client leaves?
-# --------------------------------------------------------------------------
-
-
-async def _new_record(port: int, known: set[str], timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.perf_counter() + timeout
-    while True:
-        fresh = [r for r in await client.get_json(port, "/log") if r["id"] not in known]
-        if fresh:
-            return fresh[-1]
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"no new request in the /log of port {port}")
-        await asyncio.sleep(0.05)
-
-
-async def leave_through(
-    path_label: str,
-    port: int,
-    *,
-    tokens: int,
-    leave_after: int,
-    upstream_port: int | None = None,
-    engine_log: Callable[[], str] | None = None,
-    model: str = "default",
-    timeout: float = 300.0,
-) -> dict[str, Any]:
-    """A client asks ``port`` for ``tokens`` tokens (``ignore_eos``) and leaves after ``leave_after`` pieces.
-
-    ``port`` is a relay (or, for the baseline, the upstream itself). A
-    streamlab upstream's ``/log`` (``upstream_port``) says how many tokens it
-    generated and how it noticed; the relay's, how the relay noticed and what
-    it stored. llama.cpp keeps no such record: for it the count is what the
-    relay received from it, and its log (``engine_log``) says whether it saw
-    the client go ("Disconnected from client").
-    """
-    body = request_body(OPENAI, tokens, model=model, ignore_eos=True)
-    relayed = port != upstream_port
-    known_up = {r["id"] for r in await client.get_json(upstream_port, "/log")} if upstream_port else set()
-    known_here = {r["id"] for r in await client.get_json(port, "/log")} if relayed else set()
-    log_before = len(engine_log()) if engine_log else 0
-    trace = await client.post(port, ROUTES[OPENAI], body, stop_after=leave_after, timeout=timeout)
-    left_at = time.time()
-    row: dict[str, Any] = {"path": path_label, "asked for": tokens, "client read (pieces)": len(trace.text_events),
-                           "relay noticed by": None, "relay stored as": None}
-    here = None
-    if relayed:
-        here = await client.wait_log(port, (await _new_record(port, known_here))["id"], timeout=timeout)
-        row.update({"relay noticed by": here["stop_signal"], "relay stored as": here["stored_reason"]})
-    if upstream_port:
-        up = await client.wait_log(upstream_port, (await _new_record(upstream_port, known_up))["id"], timeout=timeout)
-        row.update({"upstream generated": up["tokens"], "upstream noticed by": up["stop_signal"],
-                    "upstream had made when it noticed": up["tokens_at_stop"],
-                    "upstream ran on after the client left (s)": round(max(0.0, up["ended"] - left_at), 2),
-                    "counted from": "the upstream's /log"})
-    else:
-        assert here is not None and engine_log is not None
-        await asyncio.sleep(0.5)  # time for the engine to notice and say so in its log
-        said = engine_log()[log_before:]
-        row.update({"upstream generated": here["tokens"],
-                    "upstream noticed by": "disconnect" if "Disconnected from client" in said else None,
-                    "upstream had made when it noticed": "not counted",
-                    "upstream ran on after the client left (s)": round(max(0.0, here["ended"] - left_at), 2),
-                    "counted from": "what the relay received (llama.cpp keeps no /log)"})
-    return row
 
 
 def start_model_servers(model_args: list[str], llama: Any = None, llama_missing: str | None = None

@@ -37,6 +37,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop sequences
     stream: bool = True  # the /v1 routes answer whole when false
     include_usage: bool = False  # OpenAI's stream_options.include_usage
+    include_obfuscation: bool = False  # OpenAI's stream_options.include_obfuscation: filler in each delta
     model: str | None = None  # the model the client named (the response names the one we have)
     ignored: tuple[str, ...] = ()  # the API's fields the client sent that this server does nothing with
 

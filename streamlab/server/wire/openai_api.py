@@ -4,10 +4,13 @@ The request is a transcript (``messages``) read through the model's chat
 template. Streamed, the answer is ``chat.completion.chunk`` events: the
 first carries the role, each then a ``delta.content``, the last an empty
 delta with ``finish_reason`` (``stop`` or ``length``), an optional usage
-chunk (``stream_options.include_usage``), and ``data: [DONE]``. An answer
-that fails or is cut short ends with ``data: {"error": ...}`` and no
-``[DONE]``: the SDK raises on it, instead of handing over half an answer as
-if it were whole. Whole (``stream: false``), it is one ``chat.completion``.
+chunk (``stream_options.include_usage``), and ``data: [DONE]``. Asked for
+(``stream_options.include_obfuscation``), each chunk that carries text also
+carries ``obfuscation``: random filler, so that its size stops giving away the
+length of its text. An answer that fails or is cut short ends with
+``data: {"error": ...}`` and no ``[DONE]``: the SDK raises on it, instead of
+handing over half an answer as if it were whole. Whole (``stream: false``),
+it is one ``chat.completion``.
 A stream waiting in line for its turn carries only ``: ping`` comments, which
 the SDK skips: OpenAI's format has no word for a place in line.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamlab.protocol import sse
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
@@ -48,16 +51,53 @@ def _unsupported(value: object, name: str) -> None:
         raise bad(f"{name} is not supported by this server")
 
 
-def _stream_options(value: object, name: str) -> bool:
-    """``stream_options``: whether the stream ends with a usage chunk."""
-    if not isinstance(value, dict):
-        raise bad(f"{name} must be an object")
-    values, _ = STREAM_OPTIONS.read(value)
-    return values["include_usage"]
+# OpenAI's stream obfuscation. TLS hides an event's bytes, not its size: with a piece per event, the sizes spell out
+# the answer's token lengths (Weiss et al., USENIX Security 2024). With ``include_obfuscation`` each delta carries an
+# ``obfuscation`` string of random length, uniform over 1 to 16 characters. Two texts whose lengths differ by less
+# than 16 bytes can then make events of the same size, and 99.7% of the default tokenizer's tokens are 16 bytes or
+# shorter: one size no longer names one length, and only the smallest and largest sizes a sample reaches still do
+# (chapter 3 counts them). Random rather than up to a fixed size, which would be block padding (chapter 3 measures both): it
+# costs 8.5 characters an event on average, plus the field's name.
+OBFUSCATION_MAX = 16  # characters of filler, at most; at least 1
+# Off unless asked for, where OpenAI's is on unless turned off: our readers are on localhost, where nobody watches
+# the wire, and the book counts every byte. A deployment read over a network would flip this default.
+INCLUDE_OBFUSCATION = False
 
 
+def obfuscation() -> str:
+    """One event's filler: 1 to ``OBFUSCATION_MAX`` characters, all of its randomness from ``secrets``.
+
+    URL-safe base64 (``A-Z a-z 0-9 - _``): one byte each in UTF-8, and none
+    that JSON escapes, so the field costs its length and its name, no more.
+    """
+    length = 1 + secrets.randbelow(OBFUSCATION_MAX)
+    return secrets.token_urlsafe(length)[:length]  # n random bytes are 4n/3 characters: cut to length
+
+
+class StreamOptions(NamedTuple):
+    """``stream_options`` as read: a usage chunk at the end, filler in each delta."""
+
+    include_usage: bool = False
+    include_obfuscation: bool = INCLUDE_OBFUSCATION
+
+
+def stream_options(schema: Schema) -> Any:
+    """A ``stream_options`` parser for ``schema`` (Chat Completions' or the Responses API's own)."""
+
+    def parse(value: object, name: str) -> StreamOptions:
+        if not isinstance(value, dict):
+            raise bad(f"{name} must be an object")
+        values, _ = schema.read(value)
+        return StreamOptions(**values)
+
+    return parse
+
+
+OBFUSCATION_HELP = (f"`include_obfuscation`: an `obfuscation` field of 1-{OBFUSCATION_MAX} random characters on each"
+                    f" delta, so that event sizes stop giving away text lengths (off unless asked for here; OpenAI's"
+                    f" is on)")
 STREAM_OPTIONS = Schema("stream_options", Field("include_usage", "boolean", "", False),
-                        ignored=("include_obfuscation",))
+                        Field("include_obfuscation", "boolean", "", INCLUDE_OBFUSCATION))
 LENGTH = "the most tokens to generate"
 CHAT_COMPLETIONS = Schema(
     "POST /v1/chat/completions",
@@ -76,8 +116,8 @@ CHAT_COMPLETIONS = Schema(
           parse=lambda value, name: stop_field(value, name, most=4)),
     Field("stream", "boolean", "stream `chat.completion.chunk` events, else one `chat.completion`", False,
           null_default=True),
-    Field("stream_options", "object", "`include_usage`: end the stream with a usage chunk", False,
-          parse=_stream_options, null_default=True, show="none"),
+    Field("stream_options", "object", "`include_usage`: end the stream with a usage chunk; " + OBFUSCATION_HELP,
+          StreamOptions(), parse=stream_options(STREAM_OPTIONS), null_default=True, show="none"),
     Field("n", "integer", "how many answers: only 1", 1, parse=_one, null_default=True),
     Field("ignore_eos", "boolean", "vLLM's extension: generate to exactly the length asked", False, null_default=True),
     *(Field(name, "any", "refused (400) unless empty: this server reads and writes text only", None,
@@ -105,7 +145,8 @@ def parse_request(body: bytes | str) -> GenerationRequest:
         stop=values["stop"],
         stream=values["stream"],
         ignore_eos=values["ignore_eos"],
-        include_usage=values["stream_options"],
+        include_usage=values["stream_options"].include_usage,
+        include_obfuscation=values["stream_options"].include_obfuscation,
         model=values["model"],
         ignored=ignored,
     )
@@ -131,18 +172,22 @@ def usage(job: Job) -> dict:
 class ChatCompletionFormat(Format):
     """``chat.completion.chunk`` events, every one carrying the same id, time and model."""
 
-    def __init__(self, model: str, *, include_usage: bool = False) -> None:
+    def __init__(self, model: str, *, include_usage: bool = False,
+                 include_obfuscation: bool = INCLUDE_OBFUSCATION) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
+        self.include_obfuscation = include_obfuscation
 
-    def _chunk(self, delta: dict, finish_reason: str | None = None) -> Event:
+    def _chunk(self, delta: dict, finish_reason: str | None = None, *, filler: bool = False) -> Event:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                  "system_fingerprint": None,
                  "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
         if self.include_usage:
             chunk["usage"] = None  # every chunk says it; the last one fills it in
+        if filler:
+            chunk["obfuscation"] = obfuscation()
         return Event(chunk)
 
     def opening(self, job: Job) -> list[Event]:
@@ -152,7 +197,7 @@ class ChatCompletionFormat(Format):
         return [Event(error(503, "the server is shutting down; this request's turn never came"))]
 
     def piece(self, text: str) -> Event:
-        return self._chunk({"content": text})
+        return self._chunk({"content": text}, filler=self.include_obfuscation)
 
     def ending(self, job: Job) -> list[Event]:
         failure = self.failure(job, FINISH_REASONS)

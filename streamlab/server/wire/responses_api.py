@@ -16,7 +16,9 @@ with ``error`` (the generation failed, or stopped before its end). There is
 no ``data: [DONE]``: the terminal event is the end. A reader waiting in line
 is told so once, in the API's own word (``response.created`` with status
 ``queued``, then ``response.queued``); keep-alives are SSE comments, which the
-SDK skips. Whole (``stream`` false), it is the final response object.
+SDK skips. Whole (``stream`` false), it is the final response object. Asked for
+(``stream_options.include_obfuscation``), each delta carries ``obfuscation``,
+random filler, as Chat Completions' chunks do (see ``openai_api.obfuscation``).
 
 The input is ``input`` (a string, or a list of messages whose content is a
 string or ``input_text`` / ``output_text`` parts) and ``instructions``, read
@@ -33,7 +35,9 @@ from typing import Any
 from streamlab.protocol.endings import EOS, MAX_TOKENS, STOP_SEQUENCE
 from streamlab.server.transport.events import Event
 from streamlab.server.wire.formats import Format
-from streamlab.server.wire.openai_api import DEFAULT_MAX_TOKENS, error
+from streamlab.server.wire.openai_api import (
+    DEFAULT_MAX_TOKENS, INCLUDE_OBFUSCATION, OBFUSCATION_HELP, StreamOptions, error, obfuscation, stream_options,
+)
 from streamlab.server.answers.answer import Job
 from streamlab.server.answers.jobs import Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
@@ -82,6 +86,10 @@ def _input(value: Any, name: str) -> tuple[dict[str, str], ...]:
     return tuple(messages)
 
 
+# The Responses API's stream_options hold only the filler (its usage is in every final response).
+STREAM_OPTIONS = Schema("stream_options", Field("include_obfuscation", "boolean", "", INCLUDE_OBFUSCATION))
+
+
 def _refused(why: str) -> Any:
     def parse(value: object, name: str) -> None:
         if value not in (None, False, [], {}, 0):
@@ -113,6 +121,8 @@ RESPONSES = Schema(
     Field("temperature", "number", "sampling temperature", 1.0, 0.0, 2.0, null_default=True),
     Field("top_p", "number", "nucleus sampling", 1.0, 0.0, 1.0, low_open=True, null_default=True),
     Field("stream", "boolean", "stream the typed events, else one `response`", False, null_default=True),
+    Field("stream_options", "object", OBFUSCATION_HELP, StreamOptions(), parse=stream_options(STREAM_OPTIONS),
+          null_default=True, show="none"),
     Field("seed", "integer", "the sampling seed (streamlab's own: the Responses API has none)", None, 0, 2**63 - 1,
           null_default=True, show="random: a new answer each time"),
     Field("text", "object", "`format` `{\"type\": \"text\"}` only", None, parse=_text_format, null_default=True,
@@ -130,7 +140,7 @@ RESPONSES = Schema(
           parse=_refused("no log probabilities here"), null_default=True, show="none"),
     ignored=("store", "metadata", "user", "service_tier", "parallel_tool_calls", "tool_choice", "truncation",
              "reasoning", "include", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-             "stream_options", "max_tool_calls", "prompt", "conversation"),
+             "max_tool_calls", "prompt", "conversation"),
 )
 
 
@@ -148,6 +158,7 @@ def parse_request(body: bytes | str) -> GenerationRequest:
         temperature=values["temperature"],
         top_p=values["top_p"],
         stream=values["stream"],
+        include_obfuscation=values["stream_options"].include_obfuscation,
         model=values["model"],
         ignored=ignored,
     )
@@ -216,8 +227,9 @@ class ResponseFormat(Format):
                             part=self._part(""))]
 
     def piece(self, text: str) -> Event:
+        filler = {"obfuscation": obfuscation()} if self.req.include_obfuscation else {}
         return self._event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
-                           delta=text, logprobs=[])
+                           delta=text, logprobs=[], **filler)
 
     def ending(self, job: Job) -> list[Event]:
         failure = self.failure(job, STATUSES)
