@@ -347,7 +347,11 @@ def test_06_the_proxy(tmp_path):
     assert len(f["stop_rows"]) == 3 * QUICK["06_the_proxy"]["stop_rounds"]
     for row in f["stop_rows"]:
         assert row["noticed by"] == signals[row["way"]] and row["stop reason"] == "stopped"
-        assert 0 <= row["tokens generated after the stop"] <= 3 < f["stop_tokens"] - f["stop_after"]
+        # The reader's stop reaches the server while the model runs ahead of it (pieces in the buffers, the stop's
+        # own way there: more on a busy machine), so the server's promise is counted from when it heard: then it
+        # stops within a token or two (chapter 5's bound), long before the answer's end.
+        assert row["tokens when the server heard"] >= f["stop_after"]
+        assert 0 <= row["tokens after the server heard"] <= 2 < f["stop_tokens"] - f["stop_after"]
         assert row["stop to end of answer (s)"] is None if row["way"] == "/stream, close the connection" \
             else row["stop to end of answer (s)"] >= row["stop to last piece (s)"] >= 0
 

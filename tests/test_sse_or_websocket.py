@@ -55,6 +55,8 @@ def test_stop_rounds_count_what_each_way_made_after_the_stop(apps):
     for row in rows:
         assert row["stop reason"] == "stopped"
         assert 0 <= row["tokens generated after the stop"] <= 5  # far below the 35 left to make
+        # ... and the server's own promise, from when the stop reached it: a token or two.
+        assert row["tokens when the server heard"] >= 5 and 0 <= row["tokens after the server heard"] <= 2
         assert row["stop to last piece (s)"] >= 0
     cancel = [row for row in rows if row["way"] == "event stream + cancel request"]
     assert all(row["stop to cancel reply (s)"] is not None for row in cancel)

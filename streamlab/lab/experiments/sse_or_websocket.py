@@ -174,6 +174,11 @@ def _stop_row(way: str, trace: Trace, at_stop: float | None, record: dict[str, A
         "stop to cancel reply (s)": (replied - at_stop) if replied is not None and at_stop is not None else None,
         "pieces after the stop": len(after),
         "tokens generated after the stop": record["tokens"] - seen,
+        # Of those, what the model had made by the time the stop reached the server (its lead over the reader,
+        # and the stop's own way there), and what it made after: the server's promise is a token or two.
+        "tokens when the server heard": record.get("tokens_at_stop"),
+        "tokens after the server heard": None if record.get("tokens_at_stop") is None
+        else record["tokens"] - record["tokens_at_stop"],
         "stop reason": record.get("stop_reason"),
         "noticed by": record.get("stop_signal"),
     }
@@ -254,6 +259,8 @@ def stop_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tokens = [row["tokens generated after the stop"] for row in mine]
         summary["tokens after the stop, median"] = statistics.median(tokens)
         summary["tokens after the stop, max"] = max(tokens)
+        heard = [row["tokens after the server heard"] for row in mine if row["tokens after the server heard"] is not None]
+        summary["tokens after the server heard, max"] = max(heard) if heard else None
         summary["noticed by"] = ", ".join(sorted({str(row["noticed by"]) for row in mine}))
         out.append(summary)
     return out
