@@ -40,7 +40,7 @@ from streamlab.lab.experiments.load import PROMPTS
 from streamlab.lab.outside.redis_server import run_redis
 from streamlab.lab.results.measures import Report
 from streamlab.lab.setups.replicas import start_workers
-from streamlab.lab.setups.runner import start_servers
+from streamlab.lab.setups.runner import all_started, start_servers
 from streamlab.net.aio import run_sync
 
 READERS = (1, 8, 16)
@@ -104,18 +104,8 @@ def start_all(redis_urls: dict[str, str]) -> tuple[dict[str, int], list[Any]]:
         servers = pool.submit(start_servers, {"serve": [], **{
             f"replica-{setup}": ["--scripted-rate", "30", "--events", url] for setup, url in redis_urls.items()}})
         workers = {setup: pool.submit(start_workers, url, WORKERS[setup]) for setup, url in redis_urls.items()}
-        started: list[Any] = []
-        failed: BaseException | None = None
-        for future in (servers, *workers.values()):
-            try:
-                got = future.result()
-                started += list(got.values()) if isinstance(got, dict) else got
-            except BaseException as exc:  # noqa: BLE001 - stop the others, then raise
-                failed = failed or exc
-    if failed is not None:
-        for process in started:
-            process.stop()
-        raise failed
+        everything = all_started([servers, *workers.values()])
+    started = [*everything[0].values(), *(worker for group in everything[1:] for worker in group)]
     named = servers.result()
     ports = {"serve": named["serve"].port, **{setup: named[f"replica-{setup}"].port for setup in redis_urls}}
     return ports, started

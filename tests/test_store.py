@@ -511,7 +511,11 @@ def test_answers_streaming_on_a_loop_cost_one_commit_per_tick_and_keep_the_bound
                 rows = committed(db)
                 if rows[0][0]:
                     assert len({updated for _, updated in rows}) == 1, "a reader saw part of a tick"
-                    assert len({content for content, _ in rows}) == 1
+                    # A tick the loop ran late is run from inside an append (to keep the bound), part-way through a
+                    # step: then the answers appended this step are written with it and the rest a piece short.
+                    contents = sorted({content for content, _ in rows}, key=len)
+                    assert len(contents) == 1 or (len(contents) == 2 and contents[1].startswith(contents[0])
+                                                  and contents[1][len(contents[0]):].count("<") == 1), contents
                 old = "".join(f"<{i}>" for i, when in enumerate(ended) if when <= reads[-1] - interval)
                 assert all(content.startswith(old) for content, _ in rows), "a piece older than the interval"
                 await asyncio.sleep(0.02)

@@ -534,12 +534,18 @@ class Generation(PieceStream):
         extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         past = None
 
-        def forward(ids: list[int]) -> Any:
-            """One forward pass, one turn with the (fair) lock; returns the last position's logits."""
+        def forward(ids: list[int], prompt: bool = False) -> Any:
+            """One forward pass, one turn with the (fair) lock; returns the last position's logits.
+
+            A prompt chunk is counted read (``prompt_tokens_read``) before the lock is let go, so whoever
+            takes the model next sees how much of this prompt it waited for.
+            """
             nonlocal past
             inputs = torch.tensor([ids], dtype=torch.long, device=lm.device)
             with lm.lock, torch.inference_mode():
                 out = lm.model(input_ids=inputs, use_cache=True, **{cache_arg: past}, **extra)
+                if prompt:
+                    self.chunk_read(len(ids))
             past = out[cache_arg] if cache_arg in out else out.past_key_values
             return out.logits[0, -1]
 
@@ -549,8 +555,7 @@ class Generation(PieceStream):
             while (reason := self.check()) is None:
                 if token is None:
                     for chunk in self.prompt_chunks():
-                        logits = forward(chunk)
-                        self.chunk_read(len(chunk))
+                        logits = forward(chunk, prompt=True)
                         if (reason := self.check()) is not None:  # before the next chunk, and before the first token
                             break
                     if reason is not None:  # stopped during the prompt, or just after: no token for a departed reader

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from streamlab.hops.nginx import NginxProcess, run_nginx
-from streamlab.lab.setups.runner import RunningServer, start_process, start_servers
+from streamlab.lab.setups.runner import RunningServer, all_started, start_process, start_servers
 from streamlab.server.resources.shared_log import open_client
 from streamlab.server.resources.worker import Worker
 
@@ -124,18 +124,7 @@ def start_workers(url: str, count: int, *args: str) -> list[RunningServer]:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = [pool.submit(start_worker, url, "--name", f"worker-{i + 1}", *args) for i in range(count)]
-        started, failed = [], None
-        for future in futures:
-            try:
-                started.append(future.result())
-            except Exception as exc:  # noqa: BLE001 - stop the others, then raise
-                failed = failed or exc
-    if failed is not None:
-        for running in started:
-            running.stop()
-        raise failed
-    return started
+        return all_started([pool.submit(start_worker, url, "--name", f"worker-{i + 1}", *args) for i in range(count)])
 
 
 def start_replicas(count: int, *, events: str | None = None, grace: float = 30.0,

@@ -37,11 +37,11 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from streamlab.client.timed import get_json_sync
 from streamlab.lab.results.records import REPO
@@ -398,14 +398,26 @@ def _start_together(commands: dict[str, list[str]], name: str) -> dict[str, Any]
     """Start each command (one that says ``listening on URL``) in a thread of its own; label -> running process."""
     with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
         futures = {label: pool.submit(start_process, cmd, name=name) for label, cmd in commands.items()}
-        started, failed = {}, None
-        for label, future in futures.items():
-            try:
-                started[label] = future.result()
-            except Exception as exc:  # noqa: BLE001 - stop the others, then say which failed
-                failed = failed or exc
+        return dict(zip(futures, all_started(futures.values())))
+
+
+def all_started(futures: Iterable[Future]) -> list[Any]:
+    """Each future's result: what it started (a running process, or a list or dict of them).
+
+    If any failed, every process the others started is stopped and the first
+    error raised: a set-up that starts things at once never leaves half of them behind.
+    """
+    results, started, failed = [], [], None
+    for future in futures:
+        try:
+            got = future.result()
+        except Exception as exc:  # noqa: BLE001 - stop the others, then say which failed
+            failed = failed or exc
+            continue
+        results.append(got)
+        started += list(got.values()) if isinstance(got, dict) else list(got) if isinstance(got, list) else [got]
     if failed is not None:
-        for running in started.values():
+        for running in started:
             running.stop()
         raise failed
-    return started
+    return results

@@ -125,25 +125,32 @@ def stop_field(value: Any, name: str, *, most: int = MAX_STOP_SEQUENCES) -> tupl
     return tuple(text_field(item, f"{name}[{i}]") for i, item in enumerate(items))
 
 
-def content_text(content: Any, name: str) -> str:
-    """A message's content: a string, or a list of text parts (``{"type": "text", "text": ...}``) joined."""
+def content_text(content: Any, name: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's content: a string, or a list of text parts (``{"type": "text", "text": ...}``) joined.
+
+    ``kinds``: the part types that hold text in the API (the Responses API's are ``input_text`` and an earlier
+    answer's ``output_text``).
+    """
     if isinstance(content, str):
         return text_field(content, name, empty=True)
     if not isinstance(content, list):
-        raise bad(f"{name} must be a string or a list of text parts")
+        raise bad(f"{name} must be a string or a list of {kinds[0]} parts")
     texts = []
     for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text":
+        if not isinstance(part, dict) or part.get("type") not in kinds:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise bad(f"{name}[{i}] is a {kind!r} part: this server reads text only")
         texts.append(text_field(part.get("text"), f"{name}[{i}].text", empty=True))
     return "".join(texts)
 
 
-def transcript(messages: Any, roles: dict[str, str], name: str = "messages") -> tuple[dict[str, str], ...]:
+def transcript(messages: Any, roles: dict[str, str], name: str = "messages", *, kinds: tuple[str, ...] = ("text",),
+               item_type: str | None = None) -> tuple[dict[str, str], ...]:
     """A conversation sent whole, as ``{"role", "content"}`` dicts; ``roles`` maps the API's names to ours.
 
-    It must hold at least one user message: the last one is what the turn stores.
+    It must hold at least one user message: the last one is what the turn stores. ``kinds`` are the text
+    parts its content may hold; ``item_type``, where the API types its items (the Responses API's
+    ``message``), the only type read (an item without one is taken for it).
     """
     if not isinstance(messages, list) or not messages:
         raise bad(f"{name} must be a non-empty list of messages")
@@ -151,10 +158,13 @@ def transcript(messages: Any, roles: dict[str, str], name: str = "messages") -> 
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise bad(f"{name}[{i}] must be an object")
+        if item_type is not None and message.get("type", item_type) != item_type:
+            raise bad(f"{name}[{i}] is a {message.get('type')!r} item: this server reads {item_type}s only")
         role = message.get("role")
         if role not in roles:
             raise bad(f"{name}[{i}].role must be one of {', '.join(sorted(roles))}, got {role!r}")
-        out.append({"role": roles[role], "content": content_text(message.get("content"), f"{name}[{i}].content")})
+        out.append({"role": roles[role],
+                    "content": content_text(message.get("content"), f"{name}[{i}].content", kinds)})
     if not any(m["role"] == "user" for m in out):
         raise bad(f"{name} must hold at least one user message")
     return tuple(out)

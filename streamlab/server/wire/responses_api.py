@@ -41,7 +41,9 @@ from streamlab.server.wire.openai_api import (
 from streamlab.server.answers.answer import Job
 from streamlab.server.answers.jobs import Ticket
 from streamlab.server.answers.fields import REQUIRED, Field, Schema, bad
-from streamlab.server.answers.requests import GenerationRequest, any_text, json_object, last_user_text, text_field
+from streamlab.server.answers.requests import (
+    GenerationRequest, any_text, json_object, last_user_text, text_field, transcript,
+)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -50,40 +52,13 @@ STATUSES = {EOS: "completed", STOP_SEQUENCE: "completed", MAX_TOKENS: "incomplet
 INCOMPLETE = {MAX_TOKENS: "max_output_tokens"}
 
 
-def _parts_text(content: Any, name: str) -> str:
-    """A message's content: a string, or text parts (``input_text``, an earlier answer's ``output_text``) joined."""
-    if isinstance(content, str):
-        return text_field(content, name, empty=True)
-    if not isinstance(content, list):
-        raise bad(f"{name} must be a string or a list of input_text parts")
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind not in TEXT_PARTS:
-            raise bad(f"{name}[{i}] is a {kind!r} part: this server reads text only")
-        texts.append(text_field(part.get("text"), f"{name}[{i}].text", empty=True))
-    return "".join(texts)
-
-
 def _input(value: Any, name: str) -> tuple[dict[str, str], ...]:
     """``input``: one user message as a string, or a list of messages (``type`` ``message``, or none)."""
     if isinstance(value, str):
         return ({"role": "user", "content": text_field(value, name)},)
     if not isinstance(value, list) or not value:
         raise bad(f"{name} must be a string or a non-empty list of messages")
-    messages = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise bad(f"{name}[{i}] must be an object")
-        if item.get("type", "message") != "message":
-            raise bad(f"{name}[{i}] is a {item.get('type')!r} item: this server reads messages only")
-        role = item.get("role")
-        if role not in ROLES:
-            raise bad(f"{name}[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-        messages.append({"role": ROLES[role], "content": _parts_text(item.get("content"), f"{name}[{i}].content")})
-    if not any(m["role"] == "user" for m in messages):
-        raise bad(f"{name} must hold at least one user message")
-    return tuple(messages)
+    return transcript(value, ROLES, name, kinds=TEXT_PARTS, item_type="message")
 
 
 # The Responses API's stream_options hold only the filler (its usage is in every final response).
