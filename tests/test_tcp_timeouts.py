@@ -6,7 +6,6 @@ cut off by nftables mid-answer); these check the pieces in milliseconds.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import sys
 
@@ -46,5 +45,8 @@ def test_the_server_bounds_a_silent_peer_by_default():
 
 
 def test_the_experiment_says_why_it_cannot_run(monkeypatch):
-    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "nft" else "/usr/bin/" + tool)
+    from streamlab.net import processes
+
+    real = processes.find_program
+    monkeypatch.setattr(vanished, "find_program", lambda tool, *also: None if tool == "nft" else real(tool, *also))
     assert vanished.run() == {"skipped": "nft is not installed (Debian: util-linux, nftables, iproute2)"}

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlab.net.processes import free_port, stop_process, wait_for_port
+from streamlab.net.processes import find_program, free_port, stop_process, wait_for_port
 
 __all__ = [
     "CACHE_STATUS",
@@ -51,13 +51,7 @@ class NginxError(RuntimeError):
 
 def find_nginx() -> str | None:
     """The nginx binary: on PATH, or where Debian puts it (/usr/sbin is not on every user's PATH)."""
-    found = shutil.which("nginx")
-    if found:
-        return found
-    for candidate in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_program("nginx", "/usr/local/nginx/sbin/nginx")
 
 
 def write_config(

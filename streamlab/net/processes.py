@@ -5,6 +5,7 @@ The lab starts our own programs (``python -m streamlab serve``, ``proxy``,
 the rival servers); the hops start nginx; the server raises its own limit on
 open files. What they share is here, once:
 
+- ``find_program``: an installed program, on PATH or where Debian puts system programs (``/usr/sbin``);
 - ``free_port``: a port that was free a moment ago (``--port 0`` is better where a program takes it);
 - ``start_and_wait``: start a command and wait for its ready line (``READY_LINE``: the ``listening on URL``
   that ``serving.serve_until_signalled`` prints), its stdout drained for as long as it lives, its stderr in a log;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,10 +31,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["READY_LINE", "Started", "die_with_parent", "free_port", "log_tail", "raise_open_files_limit",
+__all__ = ["READY_LINE", "Started", "die_with_parent", "find_program", "free_port", "log_tail", "raise_open_files_limit",
            "start_and_wait", "stop_process"]
 
 READY_LINE = re.compile(r"listening on (http://[^\s:/]+:(\d+))")
+
+
+# Where system programs live that a user's PATH may leave out (/usr/sbin is on root's, not on everyone's).
+SYSTEM_FOLDERS = ("/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin", "/sbin", "/bin")
+
+
+def find_program(name: str, *also: str) -> str | None:
+    """``name``'s executable: on PATH, else in :data:`SYSTEM_FOLDERS`, else at one of ``also``; None if nowhere."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for candidate in (*(os.path.join(folder, name) for folder in SYSTEM_FOLDERS), *also):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

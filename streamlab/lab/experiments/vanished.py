@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -33,25 +32,34 @@ import time
 from typing import Any
 
 from streamlab.client import timed as client
+from streamlab.net.processes import find_program
 
 PROMPT = "Tell me about lighthouses."
 TABLE = "streamlab_vanished"  # the nftables table the experiment makes, in its own namespace only
 DEFAULTS = "kernel defaults (write timeout only)"
 
 
+TOOLS = ("unshare", "nft", "ip")  # util-linux, nftables, iproute2
+
+
 def unavailable_reason() -> str | None:
     """Why the experiment cannot run here (None: it can)."""
     if sys.platform != "linux":
         return "network namespaces are Linux's"
-    for tool in ("unshare", "nft", "ip"):
-        if shutil.which(tool) is None:
+    for tool in TOOLS:
+        if find_program(tool) is None:
             return f"{tool} is not installed (Debian: util-linux, nftables, iproute2)"
     return None
 
 
+def _tool(name: str) -> str:
+    """The path of one of :data:`TOOLS` (found on PATH or in /usr/sbin: ``unavailable_reason`` checked it)."""
+    return find_program(name) or name
+
+
 def _namespace_command() -> list[str]:
     """``unshare -n`` as root; ``unshare -rn`` (a user namespace, root inside it) for anyone else."""
-    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    return [_tool("unshare"), "-n" if os.geteuid() == 0 else "-rn"]
 
 
 def run(*, tokens: int = 80, rate: float = 20.0, drop_after: int = 10, user_timeout: float = 1.0,
@@ -96,7 +104,7 @@ def _drop(port: int) -> None:
              f"add chain inet {TABLE} out {{ type filter hook output priority 0; policy accept; }}\n"
              f"add rule inet {TABLE} out tcp sport {port} drop\n"
              f"add rule inet {TABLE} out tcp dport {port} drop\n")
-    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True, capture_output=True)
+    subprocess.run([_tool("nft"), "-f", "-"], input=rules, text=True, check=True, capture_output=True)
 
 
 def _read_then_vanish(port: int, body: dict, drop_after: int, out: dict) -> None:
@@ -123,7 +131,7 @@ def _read_then_vanish(port: int, body: dict, drop_after: int, out: dict) -> None
 def _inside(settings: dict) -> dict[str, Any]:
     from streamlab.lab.setups.runner import start_listeners
 
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run([_tool("ip"), "link", "set", "lo", "up"], check=True)
     user_timeout = settings["user_timeout"]
     listeners = start_listeners({
         DEFAULTS: ["--tcp-user-timeout", "0", "--tcp-keepalive", "0"],

@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamlab.net.processes import die_with_parent, free_port, stop_process, wait_for_port
+from streamlab.net.processes import die_with_parent, find_program, free_port, stop_process, wait_for_port
 
 START_TIMEOUT = 10.0
 _RUNNING: set[subprocess.Popen] = set()
@@ -33,13 +33,7 @@ class RedisUnavailable(RuntimeError):
 
 
 def find_redis() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    for candidate in ("/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"):
-        if Path(candidate).exists():
-            return candidate
-    return None
+    return find_program("redis-server")
 
 
 @dataclass
