@@ -158,7 +158,7 @@ def also_configs(args: Any) -> list[ServerConfig]:
     FLAGS are ``serve``'s own, minus the process's (``--model``, ``--upstream``,
     ``--loop``...): those are given once, outside.
     """
-    configs = []
+    configs, defaults = [], parse_args([])
     for number, text in enumerate(args.also, start=2):
         try:
             words = shlex.split(text)
@@ -168,7 +168,6 @@ def also_configs(args: Any) -> list[ServerConfig]:
             own = parse_args(words)
         except UserError as err:
             raise UserError(f"{flag('also')} {text!r}: {err}") from None
-        defaults = parse_args([])
         given = [name for name in PROCESS_FLAGS if getattr(own, name) != getattr(defaults, name)]
         if given:
             raise UserError(f"{flag('also')} {text!r}: {flag(given[0])} belongs to the whole process; give it once,"

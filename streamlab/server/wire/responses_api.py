@@ -206,30 +206,32 @@ class ResponseFormat(Format):
         return self._event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
                            delta=text, logprobs=[], **filler)
 
+    def _final(self, job: Job) -> tuple[dict, dict]:
+        """The finished message and the final response (``completed`` or ``incomplete``), as both endings give them."""
+        result = job.generation.result
+        status = STATUSES[result.stop_reason]
+        item = self._item("completed" if status == "completed" else "incomplete", result.text)
+        return item, self.response(status, [item], self._usage(job), incomplete=INCOMPLETE.get(result.stop_reason))
+
     def ending(self, job: Job) -> list[Event]:
         failure = self.failure(job, STATUSES)
         if failure is not None:
             failed = self.response("failed", error={"code": "server_error", "message": failure},
                                    usage=self._usage(job))
             return [self._event("response.failed", response=failed)]
-        result = job.generation.result
-        status = STATUSES[result.stop_reason]
-        item = self._item("completed" if status == "completed" else "incomplete", result.text)
-        final = self.response(status, [item], self._usage(job), incomplete=INCOMPLETE.get(result.stop_reason))
+        text = job.generation.result.text
+        item, final = self._final(job)
         return [
             self._event("response.output_text.done", item_id=self.item_id, output_index=0, content_index=0,
-                        text=result.text, logprobs=[]),
+                        text=text, logprobs=[]),
             self._event("response.content_part.done", item_id=self.item_id, output_index=0, content_index=0,
-                        part=self._part(result.text)),
+                        part=self._part(text)),
             self._event("response.output_item.done", output_index=0, item=item),
-            self._event(f"response.{status}", response=final),
+            self._event(f"response.{final['status']}", response=final),
         ]
 
     def whole(self, job: Job) -> tuple[int, Any]:
         failure = self.failure(job, STATUSES)
         if failure is not None:
             return 500, error(500, failure)
-        result = job.generation.result
-        status = STATUSES[result.stop_reason]
-        item = self._item("completed" if status == "completed" else "incomplete", result.text)
-        return 200, self.response(status, [item], self._usage(job), incomplete=INCOMPLETE.get(result.stop_reason))
+        return 200, self._final(job)[1]
