@@ -69,6 +69,16 @@ def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["STREAMLAB_DATA"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_servers(data_folder: Path) -> Iterator[str | None]:
+    """One warm starter per test process (streamlab.net.warm): the servers the tests start skip the imports.
+
+    ``STREAMLAB_WARM=off`` starts every one fresh instead; tests/test_warm.py holds the two to the same behaviour.
+    """
+    with runner.warm_starts() as path:
+        yield path
+
+
 @pytest.fixture(scope="session")
 def model_cache() -> None:
     """Convert the embedded model once, before any server needs it (unless another model is set)."""

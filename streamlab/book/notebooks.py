@@ -13,7 +13,9 @@ was recorded by an earlier chapter *in this run*. Its kernels also get a
 temporary ``STREAMLAB_DATA``, removed at the end: the servers the chapters
 start each have a throwaway store already (``streamlab.lab.setups.runner``), and
 this keeps anything else that opens the default store out of the reader's
-own conversations too.
+own conversations too. The run keeps one warm starter (``streamlab.net.warm``)
+that the kernels' servers are forked from: each skips the seconds of importing
+torch and transformers, and is otherwise the program it would be.
 
 A run replaces only what it produced. What the user typed (``--only``,
 ``-p``) is checked against the chapters before anything runs, and a mistake
@@ -38,7 +40,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from streamlab.lab.results.records import BUILD, NOTEBOOKS, RUN_ID
-from streamlab.lab.setups.runner import DATA
+from streamlab.lab.setups.runner import DATA, warm_starts
+from streamlab.net import warm
 from streamlab.net.errors import ArgumentParser, UserError
 
 
@@ -222,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     params = parse_parameters(args.parameter, set().union(*(parameter_names(nb) for nb in all_chapters)))
     os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
     cpu: dict[str, float] = {}
-    with data_folder_of_its_own():
+    # One warm starter for the run: every server a chapter starts skips the imports (streamlab.net.warm).
+    with data_folder_of_its_own(), warm_starts():
         headlines, seconds, failed = run_chapters(selected, params, args.out, cpu)
     print("\nstreamlab headlines")
     for line in headlines:
@@ -242,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cpu_seconds() -> float:
-    """CPU used so far by this process and every process it (or they) waited for: the kernels and their servers."""
+    """CPU used so far by this process and every process it (or they) waited for: the kernels and their servers.
+
+    The servers a warm starter forked (``streamlab.lab.setups.runner.warm_starts``) are its children, not
+    the kernels': the starter counts them, and says so when asked.
+    """
     import resource
 
-    return sum(usage.ru_utime + usage.ru_stime
-               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return warm.ask_cpu() + sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def busy_share(cpu: float, wall: float) -> float:

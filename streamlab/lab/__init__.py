@@ -29,7 +29,8 @@ Five packages, each importing only those below it (tests/test_layers.py checks i
                    headless.py (finding and starting Chromium), browser.py (a reader on the page, the screenshot),
                    rivals.py (the same scripted source served by uvicorn + Starlette, sse-starlette, websockets)
     setups/        our own programs started for an experiment: runner.py (the server, the proxy or the platform
-                   as a process on a free port, or in process), replicas.py (replicas behind nginx, workers)
+                   as a process on a free port, or in process), replicas.py (replicas behind nginx, workers),
+                   warm_starter.py (one process that imports torch once and forks the servers: streamlab.net.warm)
     conformance/   the public suites' cases as tables: eventsource.py (web-platform-tests), autobahn.py
                    (Autobahn|Testsuite), http_framing.py (RFC 9112), and counts.py (the chapter's counts)
     results/       records.py (where a run keeps things, the prompts, runs recorded for later chapters) and

@@ -508,6 +508,21 @@ def _import_model_code(source: str, hub: dict[str, Any]) -> None:
         pass  # from_pretrained below reports real problems with a clear message
 
 
+def preload_code() -> None:
+    """Import what loading the model needs (torch, transformers, the model's class), for ``streamlab.net.warm``.
+
+    Each child the starter forks loads its own weights, in its own format. Only the embedded model's
+    class comes ahead, once it is converted: a ``STREAMLAB_MODEL`` may need the hub, which is the child's to ask.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import streamlab.model.precision  # noqa: F401
+
+    folder = default_cache_dir() / f"{DEFAULT_MODEL}-v{CACHE_FORMAT}"
+    if not os.environ.get("STREAMLAB_MODEL") and (folder / _COMPLETE_MARKER).is_file():
+        _import_model_code(str(folder), hub_options(str(folder)))
+
+
 def narrow_cache(display: str, source: str, device: Any) -> Path | None:
     """Where a model's int8 and int4 copies are kept (streamlab.model.decode_cache), or None: not kept.
 

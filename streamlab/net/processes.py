@@ -9,6 +9,7 @@ open files. What they share is here, once:
 - ``free_port``: a port that was free a moment ago (``--port 0`` is better where a program takes it);
 - ``start_and_wait``: start a command and wait for its ready line (``READY_LINE``: the ``listening on URL``
   that ``serving.serve_until_signalled`` prints), its stdout drained for as long as it lives, its stderr in a log;
+  forked by a warm starter (``streamlab.net.warm``) where one runs and the command may be, else started fresh;
 - ``stop_process``: SIGTERM (and stdin EOF), wait, then SIGKILL, to the process or its whole group;
 - ``die_with_parent``: a ``preexec_fn`` that has Linux stop the child when its parent dies;
 - ``raise_open_files_limit``: every connection is a file descriptor, and the usual soft limit is 1,024.
@@ -30,6 +31,8 @@ from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+from streamlab.net.warm import start as start_warm
 
 __all__ = ["READY_LINE", "Started", "die_with_parent", "find_program", "free_port", "log_tail", "raise_open_files_limit",
            "start_and_wait", "stop_process"]
@@ -193,7 +196,10 @@ def start_and_wait(
     """
     log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
     try:
-        process = subprocess.Popen(list(cmd_args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env)
+        # Forked by a warm starter where one runs and may (streamlab.net.warm), else started fresh: the same program.
+        process = (
+            start_warm(cmd_args, env=env, stderr_fd=log.fileno())
+            or subprocess.Popen(list(cmd_args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env))
     finally:
         log.close()
     if started is not None:

@@ -45,10 +45,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from streamlab.client.timed import get_json_sync
 from streamlab.lab.results.records import REPO
+from streamlab.net import warm
 from streamlab.net.processes import READY_LINE, log_tail, start_and_wait, stop_process
 from streamlab.net.serving import STOP_LISTENER
 
 DATA = "STREAMLAB_DATA"  # the folder of a server's store when no --db names its file
+WARM_READY = re.compile(r"(ready) on \S+ \(pid (\d+)\)")  # the warm starter's line (a socket, no URL or port)
 
 
 @dataclass
@@ -399,6 +401,44 @@ def _start_together(commands: dict[str, list[str]], name: str) -> dict[str, Any]
     with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
         futures = {label: pool.submit(start_process, cmd, name=name) for label, cmd in commands.items()}
         return dict(zip(futures, all_started(futures.values())))
+
+
+# What a warm starter imports before its first fork: the command line, the server, the worker, and the model's code.
+WARM_PRELOAD = ("streamlab.cli", "streamlab.server.command", "streamlab.server.resources.worker",
+                "streamlab.model.loading:preload_code")
+
+
+@contextmanager
+def warm_starts(ready_timeout: float = 120.0) -> Iterator[str | None]:
+    """While inside, our servers are forked by one warm starter (``streamlab.net.warm``): its socket, or None.
+
+    Set in ``STREAMLAB_WARM``, so the notebook kernels and test workers started
+    inside inherit it. Each ``python -m streamlab ...`` started through
+    ``start_process`` then skips the seconds of imports, and is otherwise the
+    same program; one the starter may not fork (another environment) starts
+    fresh. Already inside one, or where it cannot start, this does nothing.
+    """
+    if os.environ.get(warm.ENV):
+        yield os.environ[warm.ENV]
+        return
+    folder = Path(tempfile.mkdtemp(prefix="streamlab-warm-"))
+    path = str(folder / "starter.sock")
+    cmd = [sys.executable, "-m", "streamlab.lab.setups.warm_starter", "--socket", path,
+           *(arg for spec in WARM_PRELOAD for arg in ("--preload", spec))]
+    try:
+        up = start_and_wait(cmd, env=_child_env(None), name="streamlab-warm", ready=WARM_READY,
+                            ready_timeout=ready_timeout)
+    except RuntimeError:
+        shutil.rmtree(folder, ignore_errors=True)
+        yield None
+        return
+    os.environ[warm.ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(warm.ENV, None)
+        stop_process(up.process)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def all_started(futures: Iterable[Future]) -> list[Any]:

@@ -1,0 +1,149 @@
+"""A warm starter forks our servers (streamlab.net.warm): the same program as one started fresh, seconds sooner.
+
+Each test starts its own starter with ``runner.warm_starts`` (a session
+that already has one reuses it), asks for servers through the runner as
+the chapters do, and checks that what it got behaves as ``subprocess.Popen``
+would: its ready line, its answers, its exit code on stdin's end, on
+SIGTERM and on ``kill -9``, and a fresh start for what the starter must not fork.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from streamlab.lab.setups import runner
+from streamlab.net import warm
+from streamlab.net.processes import start_and_wait, stop_process
+
+
+@pytest.fixture(scope="module")
+def starter():
+    saved = os.environ.pop(warm.ENV, None)  # this file's own starter, whatever the session has
+    try:
+        with runner.warm_starts() as path:
+            assert path is not None, "the starter did not start"
+            yield path
+    finally:
+        if saved is not None:
+            os.environ[warm.ENV] = saved
+
+
+def answer(server: runner.RunningServer, tokens: int = 5) -> str:
+    reply = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens,
+                             "temperature": 0})
+    reply.raise_for_status()
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+def test_a_server_is_forked_answers_and_ends_as_a_fresh_one_would(starter: str) -> None:
+    server = runner.start_server("--scripted-rate", "200")
+    try:
+        assert isinstance(server.process, warm.WarmProcess)
+        assert server.process.poll() is None
+        assert os.readlink(f"/proc/{server.process.pid}/cwd") == os.getcwd()  # the asker's folder, not the starter's
+        assert answer(server)
+        assert f"store {server.data_dir}/" in server.stderr()  # the asker's env: the throwaway store it chose
+    finally:
+        code = server.stop()
+    assert code == 0  # SIGTERM and stdin's end: a clean exit, as the starter reaped it
+    assert server.process.wait(0) == 0
+
+
+def test_kill_9_reaches_the_child_and_its_code_says_so(starter: str) -> None:
+    server = runner.start_server("--scripted-rate", "200")
+    assert server.kill() == -signal.SIGKILL
+    with pytest.raises(OSError):
+        os.kill(server.process.pid, 0)  # gone, and reaped by the starter: no zombie left
+
+
+def test_the_end_of_stdin_stops_a_server_that_watches_it(starter: str) -> None:
+    server = runner.start_server("--scripted-rate", "200")
+    assert server.process.stdin is not None
+    server.process.stdin.close()  # what a killed kernel's end of the pipe does
+    assert server.process.wait(10) == 0
+
+
+def test_a_mistake_on_the_command_line_is_said_in_the_log_as_before(starter: str) -> None:
+    with pytest.raises(RuntimeError) as raised:
+        runner.start_server("--no-such-flag")
+    said = str(raised.value)
+    assert "exited before it was ready" in said and "--no-such-flag" in said
+    assert "exit code 2" in said  # argparse's code, told by the starter
+
+
+def test_what_the_starter_must_not_fork_starts_fresh(starter: str, tmp_path: Path) -> None:
+    # A variable torch reads while it is imported: a fork would keep the starter's value, so it starts fresh.
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    server = runner.start_server("--scripted-rate", "200", env=env)
+    try:
+        assert isinstance(server.process, subprocess.Popen)
+        assert answer(server)
+    finally:
+        server.stop()
+    # A module it did not preload: fresh too.
+    up = start_and_wait([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+                        ready=__import__("re").compile(r"(Serving) HTTP on \S+ port (\d+)"))
+    try:
+        assert isinstance(up.process, subprocess.Popen)
+    finally:
+        stop_process(up.process)
+
+
+def test_env_difference_names_what_a_fork_would_get_wrong() -> None:
+    own = {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2", "STREAMLAB_DATA": "/a"}
+    assert warm.env_difference({**own, "STREAMLAB_DATA": "/b", "PYTEST_CURRENT_TEST": "x", "JPY_PARENT_PID": "1"},
+                               own) is None
+    assert warm.env_difference({**own, "ATEN_CPU_CAPABILITY": "avx512"}, own) == "ATEN_CPU_CAPABILITY"
+    assert warm.env_difference({k: v for k, v in own.items() if k != "PATH"}, own) == "PATH"
+    assert warm.env_difference({**own, "HF_HUB_OFFLINE": "1"}, own) == "HF_HUB_OFFLINE"
+
+
+def test_children_outlive_a_stopped_starter_and_are_still_stopped(starter: str) -> None:
+    saved = os.environ.pop(warm.ENV)
+    with runner.warm_starts() as path:  # a second starter, stopped below
+        assert path is not None
+        server = runner.start_server("--scripted-rate", "200")
+    os.environ[warm.ENV] = saved
+    try:  # the starter is gone: the child it forked serves on
+        assert server.process.poll() is None
+        assert answer(server)
+    finally:
+        code = server.stop()
+    assert code == 1  # ended; with nobody left to say its code, the pidfd told only that it ended
+
+
+def test_the_starter_counts_the_cpu_of_the_children_it_reaped(starter: str) -> None:
+    before = warm.ask_cpu(starter)
+    assert before > 0  # its own imports at least
+    server = runner.start_server("--scripted-rate", "2000")
+    try:
+        answer(server, tokens=2000)  # a second of a busy child
+        time.sleep(0.1)
+    finally:
+        server.stop()
+    assert warm.ask_cpu(starter) > before
+    assert warm.ask_cpu(str(Path(starter).with_name("nobody.sock"))) == 0.0
+
+
+@pytest.mark.model
+def test_a_model_server_forked_from_the_starter_says_what_a_fresh_one_says(starter: str, model_cache: None) -> None:
+    """The starter imported torch and the model's code, not the weights: each child loads its own, the same way."""
+    forked = runner.start_server()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(warm.ENV)
+        fresh = runner.start_server()
+    try:
+        assert isinstance(forked.process, warm.WarmProcess) and isinstance(fresh.process, subprocess.Popen)
+        assert answer(forked, tokens=12) == answer(fresh, tokens=12)  # greedy: the same tokens, the same text
+    finally:
+        forked.stop()
+        fresh.stop()
