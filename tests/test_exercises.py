@@ -48,7 +48,13 @@ NAMES = [
     "ex10_openai_chunks",
     "ex11_slow_reader",
     "ex12_flushing_gzip",
+    "ex15_utf8_reader",  # chapters 13 and 14 have none yet: an exercise's number is its chapter's
 ]
+
+
+def number_of(name: str) -> int:
+    """ex15_utf8_reader -> 15."""
+    return int(re.match(r"ex(\d+)_", name).group(1))
 
 
 def notebook(name: str) -> Path:
@@ -194,7 +200,7 @@ def test_every_exercise_has_a_solution():
     assert [nb.stem for nb in exercises()] == NAMES
     for nb in exercises():
         assert solution_for(nb).is_file(), nb.name
-    assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == sorted(f"ex{i}.py" for i in range(1, len(NAMES) + 1))
+    assert sorted(p.name for p in SOLUTIONS.glob("*.py")) == sorted(f"ex{number_of(name)}.py" for name in NAMES)
 
 
 def test_the_teachers_page_names_every_exercise_and_every_chapter():
@@ -202,13 +208,14 @@ def test_the_teachers_page_names_every_exercise_and_every_chapter():
     readme = (EXERCISES / "README.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\d+) \| \[(ex\d+_\w+)\]\(\2\.ipynb\) \| (\d+) min \|(.*)\|$", readme, re.M)
     assert [name for _, name, _, _ in rows] == NAMES
-    assert [int(number) for number, _, _, _ in rows] == list(range(1, len(NAMES) + 1))
+    assert [int(number) for number, _, _, _ in rows] == [number_of(name) for name in NAMES]
     chapters = {int(n) for *_, rest in rows for n in re.findall(r"\]\(\.\./(\d\d)_\w+\.ipynb\)", rest)}
     assert chapters >= set(range(1, 13)), f"no exercise for chapters {sorted(set(range(1, 13)) - chapters)}"
     for *_, rest in rows:
         for link in re.findall(r"\]\(\.\./(\d\d_\w+\.ipynb)\)", rest):
             assert (EXERCISES.parent / link).is_file(), link
-    counts = ["One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve"]
+    counts = ["One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve",
+              "Thirteen", "Fourteen", "Fifteen"]
     assert f"{counts[len(NAMES) - 1]} exercises" in readme, "the page's count of exercises"
 
 
@@ -603,3 +610,28 @@ def test_ex12_a_compressor_without_the_flush_holds_the_stream(tmp_path):
         assert not outcome[name]["passed"], name
     assert outcome["each event is readable right after its feed"]["message"].endswith("got 0 of 50")
     assert outcome["your compressor lets the stream flow"]["message"].endswith("got 1 read")
+
+
+@pytest.mark.notebook
+def test_ex15_utf8_reader(tmp_path):
+    assert_grading_can_fail("ex15_utf8_reader", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex15_the_standard_librarys_incremental_decoder_waits_where_it_must_not(tmp_path):
+    """codecs' decoder is right at the end, but keeps a surrogate's first bytes waiting: the checks say which."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(
+        "import codecs\n"
+        "class Utf8Reader:\n"
+        "    def __init__(self):\n"
+        "        self.decoder = codecs.getincrementaldecoder('utf-8')('replace')\n"
+        "    def feed(self, data):\n"
+        "        return self.decoder.decode(data)\n"
+        "    def finish(self):\n"
+        "        return self.decoder.decode(b'', final=True)\n",
+        encoding="utf-8",
+    )
+    result = grade_notebook(notebook("ex15_utf8_reader"), solution=wrong, out_dir=tmp_path)
+    failed = sorted(c["name"] for c in result["checks"] if not c["passed"])
+    assert failed == ["a surrogate's first two bytes are not waited for", "you keep one unfinished character at most"]

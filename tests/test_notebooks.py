@@ -39,6 +39,9 @@ QUICK: dict[str, dict] = {
     "13_more_than_one_server": {"max_tokens": 24, "kill_after": 8, "cancel_after": 6, "bench_events": 100,
                                 "bench_rounds": 3},
     "14_many_streams_in_one_browser": {"rate": 40.0, "tokens": 20},  # 0.5 s answers: 8 streams three ways in ~3 s
+    # 1 s answers stopped after 4 pieces (a lead of 36 tokens would be needed to end one before its stop), renders
+    # timed up to 300 pieces.
+    "15_the_reader_in_the_browser": {"rate": 40.0, "max_tokens": 40, "stop_after": 4, "cost_pieces": 300},
 }
 
 
@@ -620,3 +623,49 @@ def test_14_many_streams_in_one_browser(tmp_path):
         assert cancel["pieces read"] == f["stop_after"] and cancel["noticed by"] == "eof", label
         assert 0 <= cancel["tokens after the close"] <= 2 and cancel["stored as"] == "client_left", label
         assert cancel["the others whole"], label
+
+
+def test_15_the_reader_in_the_browser(tmp_path):
+    f = run_chapter("15_the_reader_in_the_browser", tmp_path)
+    if not f["browser"]:
+        assert not os.environ.get("CI"), "CI installs Chromium: the chapter must measure"
+        pytest.skip("no Chromium here: the chapter measured nothing")
+    # Every event of the sentence was written in two parts cut inside a character: decoded read by read, the cut
+    # characters break; with {stream: true}, none does and the text is the sentence.
+    plain, streamed = f["split"]
+    assert plain["reads ending inside a character"] > 0 and plain["U+FFFD in the text"] > 0
+    assert streamed["U+FFFD in the text"] == 0 and streamed["text is the sentence"]
+    # The stop button, each way. The server's promise (chapters 5, 6 and 14): once it hears the stop it makes a token
+    # or two more at most (the one in the making when the signal came). Counted from when it heard, not from the
+    # click: what it makes between the two is its lead over the page, which a loaded machine changes.
+    stops = {row["way"]: row for row in f["stops"]}
+    heard = {"fetch + AbortController.abort()": ("eof", "client_left"),
+             "openai SDK (npm), signal aborted": ("eof", "client_left"),
+             "WebSocket, stop message": ("stop_message", "stopped"),
+             "WebSocket, close()": ("close_frame", "client_left"),
+             "the course page's Stop (POST cancel)": ("cancel", "stopped")}
+    if f["sdk"] or os.environ.get("CI"):  # CI has npm and its registry: the SDK is installed on first use
+        assert "openai SDK (npm), signal aborted" in stops
+    else:
+        heard.pop("openai SDK (npm), signal aborted")
+    for way, (signal, stored) in heard.items():
+        row = stops[way]
+        assert (row["noticed by"], row["stored as"]) == (signal, stored), way
+        assert 0 <= row["tokens after the server heard"] <= 2, way
+    # Closing the EventSource of a resumable answer is no stop: the server makes the whole answer for a reload.
+    closed = stops["EventSource, close()"]
+    assert closed["noticed by"] is None and closed["tokens made"] == f["max_tokens"], closed
+    # An error mid-stream: a reader of text alone shows a short answer; the written-out reader and the page, an error.
+    assert [row["an error"] for row in f["failures"]] == [False, True, True]
+    assert {row["pieces"] for row in f["failures"]} == {f["fail_after"]}
+    # Partial Markdown: fewer broken renders prepared than raw, and the whole answer renders clean.
+    md = f["markdown"]
+    assert md["prepared"]["broken"] < md["raw"]["broken"] and md["final broken"] == []
+    assert md["cost"]["pieces"] == 300 and set(md["cost"]["prepared"]) == {"125", "250"}
+    # Who comes back: EventSource after a normal end (once, met by 204), not after a 404, until stopped after a cut
+    # (sending its last id back); fetch never.
+    es_end, es_404, es_cut, fetch_end, fetch_cut = f["again"]
+    assert es_end["statuses"] == [200, 204] and es_end["stopped by"] == "the browser"
+    assert es_404["statuses"] == [404] and es_404["stopped by"] == "the browser"
+    assert es_cut["requests"] == 3 and es_cut["Last-Event-ID sent back"], es_cut
+    assert fetch_end["requests"] == 1 and fetch_cut["requests"] == 1 and fetch_cut["stopped by"] == "TypeError"

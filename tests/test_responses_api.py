@@ -23,12 +23,10 @@ import pytest
 
 from fakes import DEFAULT_SCRIPT
 from streamlab.client import timed as client
-from streamlab.model.loading import default_cache_dir
+from streamlab.lab.outside.node import NODE_PREFIX, openai_sdk
 
 pytestmark = pytest.mark.timeout(120)
 
-NODE_PREFIX = default_cache_dir() / "node"
-OPENAI_NPM_VERSION = "6.30.1"  # the npm SDK; its 7.x needs Node 22
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
@@ -155,21 +153,13 @@ console.log(JSON.stringify({ kinds, seq, text }));
 
 @pytest.fixture(scope="session")
 def openai_npm() -> str:
-    """The npm ``openai`` SDK, installed into the cache's ``node/`` on first use."""
-    package = NODE_PREFIX / "node_modules" / "openai" / "package.json"
-    if package.is_file() and json.loads(package.read_text())["version"] == OPENAI_NPM_VERSION:
-        return str(NODE_PREFIX / "node_modules")
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("needs node and npm (the npm openai SDK runs under Node)")
-    NODE_PREFIX.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run(["npm", "install", "--prefix", str(NODE_PREFIX), "--no-audit", "--no-fund",
-                               f"openai@{OPENAI_NPM_VERSION}"], capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired:
-        pytest.skip("npm install openai timed out (no registry?)")
-    if done.returncode != 0 or not package.is_file():
-        pytest.skip(f"npm could not install openai@{OPENAI_NPM_VERSION}: {done.stderr.strip()[-300:]}")
-    return str(NODE_PREFIX / "node_modules")
+    """The npm ``openai`` SDK, installed into the cache's ``node/`` on first use (the chapters' own installer)."""
+    if shutil.which("node") is None:
+        pytest.skip("needs node (the npm openai SDK runs under Node)")
+    modules, why_not = openai_sdk()
+    if modules is None:
+        pytest.skip(why_not)
+    return str(modules)
 
 
 @pytest.mark.timeout(300)  # the first run installs the npm package

@@ -46,6 +46,7 @@ PREREQUISITES: dict[str, tuple[str, ...]] = {
     "12_what_else_sits_between": ("06_the_proxy",),
     "13_more_than_one_server": ("06_the_proxy", "08_reconnect_and_resume"),
     "14_many_streams_in_one_browser": ("06_the_proxy", "08_reconnect_and_resume"),
+    "15_the_reader_in_the_browser": ("01_split_characters", "05_when_the_user_leaves", "08_reconnect_and_resume"),
 }
 
 

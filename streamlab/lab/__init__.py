@@ -24,10 +24,14 @@ Five packages, each importing only those below it (tests/test_layers.py checks i
         log_cost.py          what the shared log costs per event, Redis against memory (13)
         redis_restart.py     Redis killed and started again: what its log kept, with and without its file (13)
         connection_limit.py  eight event streams from one Chromium page, over HTTP/1.1 and HTTP/2 (14)
+        page_reader.py       the reader's side in Chromium: a split character, stop, errors, partial Markdown (15)
+        page_scripts.py      what that page runs (the fetch reader written out, the experiments), as JavaScript (15)
+        page_server.py       the page's own server: a character cut between writes, an error, a broken stream (15)
         model_speed.py       python -m streamlab info: load the model, time its first token and its speed
     outside/       other people's programs: redis_server.py, llamacpp.py (make engine), curl.py (curl -N, timed),
                    headless.py (finding and starting Chromium), browser.py (a reader on the page, the screenshot),
-                   rivals.py (the same scripted source served by uvicorn + Starlette, sse-starlette, websockets)
+                   rivals.py (the same scripted source served by uvicorn + Starlette, sse-starlette, websockets),
+                   node.py (the npm openai SDK, installed once for the tests and chapters 10 and 15)
     setups/        our own programs started for an experiment: runner.py (the server, the proxy or the platform
                    as a process on a free port, or in process), replicas.py (replicas behind nginx, workers),
                    warm_starter.py (one process that imports torch once and forks the servers: streamlab.net.warm)
