@@ -10,10 +10,10 @@ SIGTERM and on ``kill -9``, and a fresh start for what the starter must not fork
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ import pytest
 
 from streamlab.lab.setups import runner
 from streamlab.net import warm
-from streamlab.net.processes import start_and_wait, stop_process
+from streamlab.net.processes import Started, start_and_wait, stop_process
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,13 @@ def starter():
             os.environ[warm.ENV] = saved
 
 
-def answer(server: runner.RunningServer, tokens: int = 5) -> str:
+def forked(tmp_path: Path, *args: str) -> Started:
+    """A scripted server asked of the starter (the runner asks only for those that load a model: loads_model)."""
+    return start_and_wait(runner.server_command("--scripted-rate", "200", "--db", str(tmp_path / "s.db"), *args),
+                          env=runner._child_env(None), warm=True)
+
+
+def answer(server: runner.RunningServer | Started, tokens: int = 5) -> str:
     reply = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens,
                              "temperature": 0})
@@ -44,54 +50,66 @@ def answer(server: runner.RunningServer, tokens: int = 5) -> str:
     return reply.json()["choices"][0]["message"]["content"]
 
 
-def test_a_server_is_forked_answers_and_ends_as_a_fresh_one_would(starter: str) -> None:
-    server = runner.start_server("--scripted-rate", "200")
+def test_a_server_is_forked_answers_and_ends_as_a_fresh_one_would(starter: str, tmp_path: Path) -> None:
+    server = forked(tmp_path)
     try:
         assert isinstance(server.process, warm.WarmProcess)
         assert server.process.poll() is None
         assert os.readlink(f"/proc/{server.process.pid}/cwd") == os.getcwd()  # the asker's folder, not the starter's
         assert answer(server)
-        assert f"store {server.data_dir}/" in server.stderr()  # the asker's env: the throwaway store it chose
+        assert f"store {tmp_path}/s.db" in server.log_path.read_text()  # its stderr: the log the asker opened
     finally:
-        code = server.stop()
+        code = stop_process(server.process)
     assert code == 0  # SIGTERM and stdin's end: a clean exit, as the starter reaped it
     assert server.process.wait(0) == 0
 
 
-def test_kill_9_reaches_the_child_and_its_code_says_so(starter: str) -> None:
-    server = runner.start_server("--scripted-rate", "200")
-    assert server.kill() == -signal.SIGKILL
+def test_kill_9_reaches_the_child_and_its_code_says_so(starter: str, tmp_path: Path) -> None:
+    server = forked(tmp_path)
+    server.process.kill()
+    assert server.process.wait(10) == -signal.SIGKILL
     with pytest.raises(OSError):
         os.kill(server.process.pid, 0)  # gone, and reaped by the starter: no zombie left
 
 
-def test_the_end_of_stdin_stops_a_server_that_watches_it(starter: str) -> None:
-    server = runner.start_server("--scripted-rate", "200")
+def test_the_end_of_stdin_stops_a_server_that_watches_it(starter: str, tmp_path: Path) -> None:
+    server = forked(tmp_path)
     assert server.process.stdin is not None
     server.process.stdin.close()  # what a killed kernel's end of the pipe does
     assert server.process.wait(10) == 0
 
 
-def test_a_mistake_on_the_command_line_is_said_in_the_log_as_before(starter: str) -> None:
+def test_a_mistake_on_the_command_line_is_said_in_the_log_as_before(starter: str, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError) as raised:
-        runner.start_server("--no-such-flag")
+        forked(tmp_path, "--no-such-flag")
     said = str(raised.value)
     assert "exited before it was ready" in said and "--no-such-flag" in said
     assert "exit code 2" in said  # argparse's code, told by the starter
 
 
+def test_the_runner_asks_for_a_fork_only_of_what_imports_torch() -> None:
+    assert runner.loads_model(runner.server_command())
+    assert runner.loads_model(runner.server_command("--precision", "float32", "--max-active", "4"))
+    assert runner.loads_model([sys.executable, "-m", "streamlab", "worker", "--redis", "redis://127.0.0.1:1"])
+    # A scripted source, a relay and a proxy import no torch started fresh: a fork would give them the starter's.
+    assert not runner.loads_model(runner.server_command("--scripted-rate", "20"))
+    assert not runner.loads_model(runner.server_command("--upstream=http://127.0.0.1:1"))
+    assert not runner.loads_model(runner.proxy_command("--upstream", "1"))
+
+
 def test_what_the_starter_must_not_fork_starts_fresh(starter: str, tmp_path: Path) -> None:
     # A variable torch reads while it is imported: a fork would keep the starter's value, so it starts fresh.
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
-    server = runner.start_server("--scripted-rate", "200", env=env)
+    env = {**runner._child_env(None), "ATEN_CPU_CAPABILITY": "default"}
+    server = start_and_wait(runner.server_command("--scripted-rate", "200", "--db", str(tmp_path / "s.db")), env=env,
+                            warm=True)
     try:
         assert isinstance(server.process, subprocess.Popen)
         assert answer(server)
     finally:
-        server.stop()
+        stop_process(server.process)
     # A module it did not preload: fresh too.
-    up = start_and_wait([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
-                        ready=__import__("re").compile(r"(Serving) HTTP on \S+ port (\d+)"))
+    up = start_and_wait([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], warm=True,
+                        ready=re.compile(r"(Serving) HTTP on \S+ port (\d+)"))
     try:
         assert isinstance(up.process, subprocess.Popen)
     finally:
@@ -107,30 +125,32 @@ def test_env_difference_names_what_a_fork_would_get_wrong() -> None:
     assert warm.env_difference({**own, "HF_HUB_OFFLINE": "1"}, own) == "HF_HUB_OFFLINE"
 
 
-def test_children_outlive_a_stopped_starter_and_are_still_stopped(starter: str) -> None:
+def test_children_outlive_a_stopped_starter_and_are_still_stopped(starter: str, tmp_path: Path) -> None:
     saved = os.environ.pop(warm.ENV)
     with runner.warm_starts() as path:  # a second starter, stopped below
         assert path is not None
-        server = runner.start_server("--scripted-rate", "200")
+        server = forked(tmp_path)
     os.environ[warm.ENV] = saved
     try:  # the starter is gone: the child it forked serves on
         assert server.process.poll() is None
         assert answer(server)
     finally:
-        code = server.stop()
+        code = stop_process(server.process)
     assert code == 1  # ended; with nobody left to say its code, the pidfd told only that it ended
 
 
-def test_the_starter_counts_the_cpu_of_the_children_it_reaped(starter: str) -> None:
+def test_the_starter_counts_the_cpu_of_the_children_it_reaped(starter: str, tmp_path: Path) -> None:
     before = warm.ask_cpu(starter)
     assert before > 0  # its own imports at least
-    server = runner.start_server("--scripted-rate", "2000")
+    import psutil
+
+    server = forked(tmp_path)
     try:
-        answer(server, tokens=2000)  # a second of a busy child
-        time.sleep(0.1)
+        answer(server, tokens=400)  # two seconds of a child streaming
+        used = sum(psutil.Process(server.process.pid).cpu_times()[:2])
     finally:
-        server.stop()
-    assert warm.ask_cpu(starter) > before
+        stop_process(server.process)
+    assert warm.ask_cpu(starter) - before >= used  # the child's CPU, as the starter reaped it (and its own since)
     assert warm.ask_cpu(str(Path(starter).with_name("nobody.sock"))) == 0.0
 
 

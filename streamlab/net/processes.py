@@ -185,20 +185,22 @@ def start_and_wait(
     ready: re.Pattern = READY_LINE,
     ready_timeout: float = 180.0,
     started: Callable[[subprocess.Popen], None] | None = None,
+    warm: bool = False,
 ) -> Started:
     """Start ``cmd_args`` and wait for the line ``ready`` matches (its groups: a URL and its port).
 
     Its stdin is a pipe we hold open (a child that watches for EOF there goes
     when we do), its stderr a temporary log file (``Started.log_path``).
-    ``started`` is called with the process as soon as it exists. If the
+    ``started`` is called with the process as soon as it exists. ``warm``: a
+    warm starter may fork it (``streamlab.net.warm``), where one runs. If the
     process exits or stays silent too long, it is stopped and the
     ``RuntimeError`` carries the tail of its stderr, which is where the reason is.
     """
     log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
     try:
-        # Forked by a warm starter where one runs and may (streamlab.net.warm), else started fresh: the same program.
+        # Forked by a warm starter where asked, one runs and it may (streamlab.net.warm), else started fresh.
         process = (
-            start_warm(cmd_args, env=env, stderr_fd=log.fileno())
+            (start_warm(cmd_args, env=env, stderr_fd=log.fileno()) if warm else None)
             or subprocess.Popen(list(cmd_args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env))
     finally:
         log.close()

@@ -211,12 +211,25 @@ def start_process(
 
     try:
         up = start_and_wait(cmd_args, env=_child_env(env, data_dir), name=name, ready=ready,
-                            ready_timeout=ready_timeout, started=started)
+                            ready_timeout=ready_timeout, started=started, warm=loads_model(cmd_args))
     except BaseException:
         if data_dir is not None:
             _remove_store_if_ended(data_dir)
         raise
     return RunningServer(up.port, up.url, up.process, tuple(cmd_args), up.log_path, up.stdout_lines, data_dir)
+
+
+def loads_model(cmd_args: Sequence[str]) -> bool:
+    """A ``python -m streamlab serve`` with a model (no scripted source, no relay) or a ``worker``: it imports torch.
+
+    Only those are forked by a warm starter (``warm_starts``). The others import no torch when started fresh,
+    and a fork would hand them the starter's: hundreds of megabytes more in their memory, and in what a
+    chapter measures of them (chapter 11 weighs our scripted server against uvicorn's, per stream).
+    """
+    if len(cmd_args) < 4 or list(cmd_args[1:3]) != ["-m", "streamlab"]:
+        return False
+    flags = {arg.split("=")[0] for arg in cmd_args[4:]}
+    return cmd_args[3] == "worker" or (cmd_args[3] == "serve" and not flags & {"--scripted-rate", "--upstream"})
 
 
 def _remove_store_if_ended(folder: Path) -> None:

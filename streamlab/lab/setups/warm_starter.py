@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import io
 import json
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     own_env = dict(os.environ)  # before anything is imported: what the children's env is compared with
     for spec in args.preload:
         _preload(spec)
+    # What is imported now stays as it is in every child: out of the collector's sight, a child's collections do
+    # not walk (and copy, page by page, on writing their counts) the starter's objects.
+    gc.freeze()
     starter = Starter(args.socket, args.module or ["streamlab"], own_env)
     print(f"streamlab warm starter: ready on {args.socket} (pid {os.getpid()})", flush=True)
     return starter.serve()
