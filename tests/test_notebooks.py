@@ -280,15 +280,16 @@ def test_04_the_reader(book_of_3_and_4):
 
 def test_05_when_the_user_leaves(tmp_path):
     f = run_chapter("05_when_the_user_leaves", tmp_path)
-    leave, limit = f["leave_after"], f["leave_after"] + 2
-    assert leave <= f["sse_watching"] <= limit
-    assert f["sse_naive"] == f["max_tokens"]
-    assert leave <= f["ws_stop"] <= limit
-    assert f["ws_close_watching"] <= limit and f["ws_close_naive"] == f["max_tokens"]
-    # /complete's reader is made to hang up by polling /log, which can lag behind the model on a busy machine:
-    # what the server promises is to stop within a token or two of noticing, counted from when it noticed.
-    assert leave <= f["complete_at_stop"] and f["complete_watching"] - f["complete_at_stop"] <= 2
-    assert f["complete_naive"] == f["max_tokens"]
+    leave = f["leave_after"]
+    # What the server promises: once it hears the reader go, a token or two more at most (the pass in flight),
+    # counted from when it heard. Before that the model may be ahead of its reader by what the socket buffers
+    # hold, more on a loaded machine (13 of a 10-piece read, under three test workers and a second build).
+    watching = {r["case"]: r for r in f["rows"] if r["server"] == "watching"}
+    assert len(watching) == 4
+    for case, row in watching.items():
+        assert leave <= row["made when it heard"] and row["generated"] - row["made when it heard"] <= 2, case
+    assert f["sse_naive"] == f["ws_close_naive"] == f["complete_naive"] == f["max_tokens"]
+    assert f["complete_at_stop"] == watching[f"/complete, gives up after {leave} tokens"]["made when it heard"]
     signals = {(r["case"].split(",")[0], r["server"]): r["noticed by"] for r in f["rows"]}
     assert signals[("SSE", "watching")] == "eof"
     assert signals[("WebSocket", "watching")] in {"stop_message", "close_frame", "eof"}
@@ -328,10 +329,11 @@ def test_06_the_proxy(tmp_path):
         without = paths["nginx defaults, no header"]
         assert with_header["first_event"] < with_header["end"] / 2
         assert without["first_event"] >= 0.9 * without["end"]
-        # nginx closes its upstream connection when the reader leaves: the server stops too.
+        # nginx closes its upstream connection when the reader leaves: the server hears it and stops within a token
+        # or two (counted from when it heard: before that, the model's lead over a reader on a loaded machine).
         left = f["nginx_left"]
         assert left["client_left"] and left["stop_signal"] == "eof"
-        assert left["tokens"] <= QUICK["06_the_proxy"]["leave_after"] + 3
+        assert QUICK["06_the_proxy"]["leave_after"] <= left["tokens_at_stop"] and left["tokens"] - left["tokens_at_stop"] <= 2
         # SSE or WebSocket: nginx's defaults pass the event stream and refuse the upgrade; the three lines fix it.
         plain, upgraded = f["nginx_websocket"]
         assert plain["event stream status"] == upgraded["event stream status"] == 200
