@@ -15,12 +15,12 @@ a drift of the machine falls on each alike:
 - ``log_2w``: the same with two workers (a Redis and a replica of their own).
 
 N readers start together, each asking ``--tokens`` tokens (EOS ignored) of
-its own prompt and seed. Per setup and N: pieces per second in all (every
-reader's text events over the wall time from the first request to the last
-end), the slowest reader's time per token (its last piece less its first,
-over its tokens less one), the first text (from the reader's first request,
-its POST: through the log that is two requests, the job's queue and a
-worker's take), and whether every reader got its ``end``. The target (issue
+its own prompt and seed, measured by ``streamlab.lab.experiments.scale`` (the
+piece chapter 13 measures with too). Per setup and N: pieces per second in
+all (every reader's text events over the wall time from the first request to
+the last end), the slowest reader's time per token, the first text (from the
+reader's first request, its POST: through the log that is two requests, the
+job's queue and a worker's take), and whether every reader got its ``end``. The target (issue
 31): through the log with one worker and one replica, at 8 readers, at least
 0.8x one serve's pieces/s, the median of the rounds' ratios.
 """
@@ -28,20 +28,16 @@ worker's take), and whether every reader got its ``end``. The target (issue
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any, Sequence
 
-from streamlab.client import timed as client
-from streamlab.lab.experiments.load import PROMPTS
+from streamlab.lab.experiments.scale import throughput
 from streamlab.lab.outside.redis_server import run_redis
 from streamlab.lab.results.measures import Report
 from streamlab.lab.setups.replicas import start_workers
 from streamlab.lab.setups.runner import all_started, start_servers
-from streamlab.net.aio import run_sync
 
 READERS = (1, 8, 16)
 TOKENS = 40
@@ -50,52 +46,6 @@ QUICK = {"readers": [1, 2], "tokens": 8, "rounds": 1}
 SETUPS = ("serve", "log_1w", "log_2w")
 WORKERS = {"log_1w": 1, "log_2w": 2}
 TARGET = 0.8  # log_1w's pieces/s against serve's, at 8 readers
-TIMEOUT = 600.0
-
-
-def body(i: int, tokens: int) -> dict[str, Any]:
-    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "seed": i, "ignore_eos": True}
-
-
-async def reader(setup: str, port: int, i: int, tokens: int) -> tuple[float, Any]:
-    """One reader: when it sent its first request, and its trace (times from its last request's send)."""
-    posted = time.perf_counter()
-    if setup == "serve":
-        return posted, await client.post(port, "/stream", body(i, tokens), timeout=TIMEOUT)
-    created = await client.create_generation(port, body(i, tokens), timeout=TIMEOUT)
-    return posted, await client.events(port, created["events"], timeout=TIMEOUT)
-
-
-async def readers(setup: str, port: int, n: int, tokens: int) -> list[tuple[float, Any]]:
-    return list(await asyncio.gather(*(reader(setup, port, i, tokens) for i in range(n))))
-
-
-def figures(runs: Sequence[tuple[float, Any]]) -> dict[str, Any]:
-    """One (setup, N, round) as a row: pieces/s in all, the slowest reader's time per token, first text, ends."""
-    started = min(posted for posted, _ in runs)
-    pieces, tpot, first, ends = 0, [], [], []
-    for posted, trace in runs:
-        times = [trace.sent + e.t for e in trace.text_events]
-        pieces += len(times)
-        if times:
-            first.append(times[0] - posted)
-            ends.append(times[-1])
-        tokens = trace.tokens or len(times)
-        if len(times) >= 2 and tokens >= 2:
-            tpot.append((times[-1] - times[0]) / (tokens - 1))
-        if trace.end is not None:
-            ends.append(trace.sent + trace.end)
-    wall = (max(ends) if ends else time.perf_counter()) - started
-    return {
-        "readers": len(runs),
-        "pieces": pieces,
-        "pieces_per_s": pieces / wall if wall > 0 else float("nan"),
-        "tpot_worst_s": max(tpot) if tpot else float("nan"),
-        "first_text_p50_s": statistics.median(first) if first else float("nan"),
-        "first_text_max_s": max(first) if first else float("nan"),
-        "ended": sum(1 for _, trace in runs if trace.complete),
-        "wall_s": wall,
-    }
 
 
 def start_all(redis_urls: dict[str, str]) -> tuple[dict[str, int], list[Any]]:
@@ -119,12 +69,12 @@ def measure(readers_at: Sequence[int], tokens: int, rounds: int, *, say: Any = p
         ports, started = start_all(urls)
         try:
             for setup in SETUPS:  # the first forward passes pay for warming up (a reader or two per worker)
-                run_sync(readers(setup, ports[setup], 2 * WORKERS.get(setup, 1), 4))
+                throughput(ports[setup], 2 * WORKERS.get(setup, 1), 4, shared=setup != "serve")
             for r in range(rounds):
                 order = SETUPS[r % len(SETUPS):] + SETUPS[: r % len(SETUPS)]
                 for setup in order:
                     for n in readers_at:
-                        row = figures(run_sync(readers(setup, ports[setup], n, tokens)))
+                        row = throughput(ports[setup], n, tokens, shared=setup != "serve")
                         rows[setup][n].append(row)
                         say(f"shared_scale:   round {r + 1} {setup} x{n}: {row['pieces_per_s']:.1f} pieces/s, slowest"
                             f" {row['tpot_worst_s'] * 1e3:.0f} ms/token, first text {row['first_text_p50_s']:.2f} s,"

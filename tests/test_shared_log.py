@@ -27,6 +27,7 @@ from streamlab.client import tracing  # noqa: E402
 from streamlab.client.tracing import last_id  # noqa: E402
 from streamlab.lab.setups import replicas  # noqa: E402
 from streamlab.server.resources import shared_log, worker  # noqa: E402
+from streamlab.server.store import shared as shared_store  # noqa: E402
 
 URL = "redis://fake"
 SCRIPT = "One answer, many servers: every piece in one shared log. " * 4
@@ -41,6 +42,9 @@ def fake_redis(monkeypatch: pytest.MonkeyPatch) -> object:
 
     for module in (shared_log, worker, replicas):
         monkeypatch.setattr(module, "open_client", open_client)
+    # The conversations in the same fake Redis, through redis-py's synchronous client (store/shared.py).
+    monkeypatch.setattr(shared_store, "open_store_client",
+                        lambda url: fakeredis.FakeRedis(server=server, decode_responses=True))
     return server
 
 
@@ -152,7 +156,7 @@ def test_what_the_shared_log_refuses_and_does_not_know(fake_redis: object) -> No
     with serving(events=URL) as a:
         with pytest.raises(timed.ClientError) as refused:
             run(timed.create_generation(a.port, {"prompt": "hi", "conversation_id": "abc"}))
-        assert refused.value.status == 400
+        assert refused.value.status == 404 and "no conversation 'abc'" in str(refused.value)
         with pytest.raises(timed.ClientError) as missing:
             run(timed.get_json(a.port, "/generations/nothing-here"))
         assert missing.value.status == 404
@@ -259,7 +263,7 @@ def test_readers_are_counted_by_leases_that_a_live_replica_renews_and_a_dead_one
 
     async def scenario() -> None:
         config = ServerConfig(grace=1.0)  # a lease of 1 s: renewed every third of it
-        a = shared_log.SharedRegistry(shared_log.open_client(URL), config)
+        a = shared_log.SharedRegistry(shared_log.open_client(URL), config, store=shared_store.SharedStore.open(URL))
         b = shared_log.SharedRegistry(shared_log.open_client(URL), config)
         created, _ = await a.created(GenerationRequest(prompt="hi"))
         gid, redis = created["id"], a.redis

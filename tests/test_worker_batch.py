@@ -419,3 +419,51 @@ def test_the_shared_scale_benchmark_runs_quick(tmp_path: Path) -> None:
     assert figures["log_1w_vs_serve_pieces_per_s_at_2"]["target"] == 0.8
     assert {row["setup"] for row in saved["tables"]["by setup and readers (medians of the rounds)"]} == {
         "serve", "log_1w", "log_2w"}
+
+
+@needs_redis
+def test_a_stalled_worker_that_wakes_after_its_job_was_taken_over_writes_nothing() -> None:
+    """The append is guarded (a script: the owner's, while the job runs), so a worker that stalled past
+    --claim-idle and wakes after the heir took its job appends no piece twice, claims nothing back, ends nothing."""
+    from streamlab.lab.outside.redis_server import run_redis
+    from streamlab.model.lifecycle import Piece
+    from streamlab.server.resources.worker import Worker
+
+    async def scenario(url: str) -> None:
+        redis = shared_log.open_client(url)
+        try:
+            await shared_log.ensure_group(redis)
+            gid, meta = "stalled-job", shared_log.meta_key("stalled-job")
+            await redis.hset(meta, mapping={"request": "{}", "status": "running", "worker": "stalled", "readers": 1,
+                                            "orphaned_ms": 0, "grace_ms": 30000, "tokens": 0})
+            entry = await redis.xadd(shared_log.JOBS, {"generation": gid})
+            await redis.xreadgroup(shared_log.GROUP, "stalled", {shared_log.JOBS: ">"}, count=1)
+            stalled = Worker(None, redis, name="stalled")
+            at, state, _ = await stalled.step(entry, gid, Piece("One", 0.0, 1), 1, ids=[11])
+            assert at is not None and stalled.log.sha, "a Redis that runs scripts: the guarded step"
+            assert state[:2] == ["running", "stalled"]
+            # Past --claim-idle the heir claims the entry (XAUTOCLAIM) and names itself in the hash, then reads the
+            # stream: one piece, kept. The stalled worker wakes with the next piece and a heartbeat due.
+            await redis.xclaim(shared_log.JOBS, shared_log.GROUP, "heir", 0, [entry], justid=True)
+            await redis.hset(meta, "worker", "heir")
+            at, state, _ = await stalled.step(entry, gid, Piece(" two", 0.0, 2), 2, True, ids=[12])
+            assert at is None and state[:2] == ["running", "heir"], "nothing appended: it reads it is not its job"
+            assert not await stalled.finish(entry, gid, "end", stalled._ending("completed", 2))
+            kept = [shared_log.decode_entry(fields) for _, fields in await redis.xrange(shared_log.events_key(gid))]
+            assert kept == [("message", {"text": "One"}, 1)], "no piece twice, no end from the stalled worker"
+            assert await redis.hmget(meta, ["status", "tokens"]) == ["running", "1"]
+            owners = await redis.xpending_range(shared_log.JOBS, shared_log.GROUP, "-", "+", 10)
+            assert [p["consumer"] for p in owners] == ["heir"], "its heartbeat did not claim the job back"
+            # A Redis restarted forgets its scripts: the step loads it again and goes on (NOSCRIPT, once).
+            await redis.script_flush()
+            heir = Worker(None, redis, name="heir")
+            heir.log.sha = stalled.log.sha
+            at, state, _ = await heir.step(entry, gid, Piece(" two", 0.0, 2), 2, ids=[12])
+            assert at is not None and state[1] == "heir"
+            assert await heir.finish(entry, gid, "end", heir._ending("completed", 2))
+            assert (await redis.xpending(shared_log.JOBS, shared_log.GROUP))["pending"] == 0
+        finally:
+            await redis.aclose()
+
+    with run_redis() as redis_server:
+        run(scenario(redis_server.url))

@@ -23,6 +23,7 @@ from streamlab.protocol import websocket_handshake
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.http_head import Request
 from streamlab.server.store.schema import STREAMING
+from streamlab.server.store.conversations import Conversations
 from streamlab.server.store.database import Store
 from streamlab.server.wire import anthropic_api, openai_api, responses_api
 from streamlab.server import queues
@@ -204,6 +205,11 @@ class Server:
         return self._store
 
     @property
+    def conversations(self) -> Conversations:
+        """Where the turns are: this server's file, or with ``--events`` the replicas' one store in Redis."""
+        return self.jobs.store if self.jobs is not None else self.store
+
+    @property
     def log(self) -> dict[str, LogRecord]:
         return self.jobs.log if self.jobs is not None else {}
 
@@ -229,6 +235,8 @@ class Server:
             await self.jobs.wait_all()
         if self.registry is not None:
             await self.registry.shutdown()
+        if self.jobs is not None and self.jobs.store is not self._store:
+            self.jobs.store.close()  # the shared store: endings kept while Redis was away get a last try
         if self._store is not None:
             self._store.close()  # whatever is still being written is closed as interrupted
 
@@ -458,7 +466,7 @@ class Server:
 
     async def get_conversations(self, client: ClientConnection, request: Request) -> bool:
         """``GET /conversations``: every stored conversation, newest first, for a history list."""
-        store = self.store
+        store = self.conversations
         items = []
         for c in reversed(store.conversations()):
             if not c.title:  # stored without one: its first user message, cut short
@@ -475,12 +483,13 @@ class Server:
         An answer still being generated shows its text so far, from memory:
         the file lags up to one flush interval behind.
         """
-        conversation = self.store.conversation(id)
+        store = self.conversations
+        conversation = store.conversation(id)
         if conversation is None:
             raise HTTPError(404, f"no conversation {id!r}")
         live = {job.answer.message_id: job.answer for job in self.jobs.running}
         messages = []
-        for m in self.store.history(id):
+        for m in store.history(id):
             writer = live.get(m.id) if m.status == STREAMING else None
             content, tokens = (writer.text, writer.tokens) if writer is not None else (m.content, m.tokens)
             messages.append({"id": m.id, "role": m.role, "content": content, "status": m.status,

@@ -8,10 +8,18 @@ experiment below uses it and returns plain rows:
   ``kill_after`` text events; the reader (an ``EventSource``) reconnects
   through nginx and goes on, or not;
 - ``websocket_turns``: a second turn of a WebSocket conversation on a new
-  connection through nginx, and on the same replica (what a sticky session gives);
+  connection through nginx, with the conversations in Redis and with a store
+  per replica, and on the same replica (what a sticky session gives);
 - ``worker_killed``: the worker generating an answer killed mid-answer;
 - ``stop_elsewhere``: a cancel sent to another replica, and a reader who
-  leaves, counted in tokens run on after the signal (as chapter 5 counts).
+  leaves, counted in tokens run on after the signal (as chapter 5 counts);
+- ``redis_outage``: Redis itself killed mid-answer, then started again on its
+  port (its append-only file on): what the reader saw, ``/health`` and a new
+  ``POST`` meanwhile, how long until new work streams, and the answer it cut.
+
+The cluster's Redis keeps its append-only file (``appendfsync everysec``), so
+that a restart finds what it had (``redis_restart.py`` measures what a kill
+loses).
 """
 
 from __future__ import annotations
@@ -34,19 +42,21 @@ from typing import Any
 from streamlab.client import timed
 from streamlab.client.event_source import EventSourceRun, event_source
 from streamlab.client.timed_websocket import websocket
+from streamlab.client.tracing import last_id
 from streamlab.hops.nginx import NginxProcess
-from streamlab.lab.outside.redis_server import RedisProcess, run_redis
+from streamlab.lab.experiments.redis_restart import RestartableRedis, restartable_redis
 from streamlab.lab.setups.replicas import run_balancer, start_replicas, start_workers
 from streamlab.lab.setups.runner import RunningServer
+from streamlab.server.store.schema import CUT_OFF_MARKER, CUT_OFF_WORDS
 
 PROMPT = "Write a short note to a friend about a walk by the sea."
 
 
 @dataclass
 class Cluster:
-    redis: RedisProcess
-    shared: list[RunningServer]  # replicas whose /generations live in Redis
-    alone: list[RunningServer]  # replicas that each keep their own, in memory
+    redis: RestartableRedis  # killed and started again on its port by redis_outage
+    shared: list[RunningServer]  # replicas whose /generations and conversations live in Redis
+    alone: list[RunningServer]  # replicas that each keep their own, in memory and in a SQLite file each
     workers: list[RunningServer]
     balancer: NginxProcess  # in front of the shared replicas
     balancer_alone: NginxProcess  # in front of the others
@@ -68,37 +78,36 @@ class Cluster:
 @contextmanager
 def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float = 1.0,
             claim_idle: float = 1.0, model: str | None = None) -> Iterator[Cluster]:
-    """Redis, ``replicas`` model-less replicas sharing the log and ``alone`` without it, ``workers`` workers, two nginx.
+    """Redis, ``replicas`` model-less replicas sharing it and ``alone`` without it, ``workers`` workers, two nginx.
 
-    The replicas with the shared log keep their conversations in a SQLite file each, as replicas on
-    machines apart would; the others share one file, as replicas on one machine can (chapter 7's store).
+    Every replica has a SQLite file of its own, as replicas on machines apart would: those with the
+    shared log keep their conversations in Redis instead, the others in that file.
     """
     with ExitStack() as stack:
-        redis = stack.enter_context(run_redis())
+        redis = stack.enter_context(restartable_redis(appendonly=True))
         folder = Path(tempfile.mkdtemp(prefix="streamlab-replicas-"))
         stack.callback(shutil.rmtree, folder, True)
-        own = [str(folder / f"replica-{i + 1}.db") for i in range(replicas)]  # a store each, as on machines apart
-        one = [str(folder / "one.db")] * alone  # one file for all, as replicas on one machine could share
+        own = [str(folder / f"replica-{i + 1}.db") for i in range(replicas + alone)]  # a store each
         with ThreadPoolExecutor(max_workers=3) as pool:
-            shared_f = pool.submit(start_replicas, replicas, events=redis.url, grace=grace, dbs=own)
-            alone_f = pool.submit(start_replicas, alone, grace=grace, dbs=one)
-            workers_f = pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle),
-                                    *(["--model", model] if model else []))
+            futures = [pool.submit(start_replicas, replicas, events=redis.url, grace=grace, dbs=own[:replicas]),
+                       pool.submit(start_replicas, alone, grace=grace, dbs=own[replicas:]),
+                       pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle),
+                                   *(["--model", model] if model else []))]
             started = []
-            for future in (shared_f, alone_f, workers_f):
+            for future in futures:
                 try:
                     started.append(future.result())
                 except Exception:  # noqa: BLE001 - stop what did start, then say why
-                    for f in (shared_f, alone_f, workers_f):
+                    for f in futures:
                         if f.done() and f.exception() is None:
                             for running in f.result():
                                 running.stop()
                     raise
-        shared, alone, working = started
-        stack.callback(_stop_all, [*shared, *alone, *working])
+        shared, alone_ones, working = started
+        stack.callback(_stop_all, [*shared, *alone_ones, *working])
         balancer = stack.enter_context(run_balancer([r.port for r in shared]))
-        balancer_alone = stack.enter_context(run_balancer([r.port for r in alone]))
-        yield Cluster(redis, shared, alone, working, balancer, balancer_alone)
+        balancer_alone = stack.enter_context(run_balancer([r.port for r in alone_ones]))
+        yield Cluster(redis, shared, alone_ones, working, balancer, balancer_alone)
 
 
 def _stop_all(processes: list[RunningServer]) -> None:
@@ -189,28 +198,49 @@ async def alone_killed(c: Cluster, max_tokens: int, kill_after: int) -> tuple[Ev
     return through, sticky, home.url
 
 
-async def websocket_turns(c: Cluster) -> list[dict]:
-    """A conversation's second turn on a new WebSocket: through nginx, on the first turn's replica, and through
-    nginx to replicas that share one store."""
+FIRST_TURN, SECOND_TURN = "Hello! My name is Ada.", "What is my name?"
+
+
+async def websocket_turns(c: Cluster, tokens: int = 8) -> list[dict]:
+    """A conversation's second turn on a new WebSocket: through nginx with the conversations in Redis, through
+    nginx with a store per replica, and on the first turn's replica (what a sticky session gives).
+
+    ``prompt words`` is what the second answer's prompt was, read from the replica that made it (``/log``:
+    a scripted replica counts a prompt's words), against ``conversation words``, the first turn's
+    exchange and the second prompt: equal when the history was kept.
+    """
     rows = []
-    for label, nginx, sticky in (("a store each, through nginx", c.balancer, False),
-                                 ("a store each, same replica (sticky)", c.balancer, True),
-                                 ("one shared store, through nginx", c.balancer_alone, False)):
+    for label, nginx, sticky in (("conversations in Redis, through nginx", c.balancer, False),
+                                 ("a store each, through nginx", c.balancer_alone, False),
+                                 ("a store each, same replica (sticky)", c.balancer_alone, True)):
         seen = len(_ws_upstreams(nginx))
-        first = await websocket(nginx.port, "Hello! My name is Ada.", 8)
-        conversation = _conversation_id(first)
+        first = await websocket(nginx.port, FIRST_TURN, tokens)
+        conversation, done = _conversation_id(first), _done(first)
         first_upstream = _ws_upstreams(nginx, seen + 1)[-1]
         port = int(first_upstream.rsplit(":", 1)[1]) if sticky else nginx.port
-        second = await websocket(port, "What is my name?", 8, extra={"conversation_id": conversation})
+        second = await websocket(port, SECOND_TURN, tokens, extra={"conversation_id": conversation})
         second_upstream = first_upstream if sticky else _ws_upstreams(nginx, seen + 2)[-1]
         error = next((e.data for e in second.events if e.kind == "error"), None)
         message = error.get("error", {}).get("message") if isinstance(error, dict) else error
+        answer = "".join(e.text for e in first.text_events)
+        if done.get("incomplete"):  # the model reads a cut-off answer with the note that says so
+            answer += CUT_OFF_MARKER.format(reason=CUT_OFF_WORDS.get(done["stop_reason"], done["stop_reason"]))
+        expected = sum(len(text.split()) for text in (FIRST_TURN, answer, SECOND_TURN))
+        read = None
+        if error is None and second.complete:
+            record = await timed.get_json(int(second_upstream.rsplit(":", 1)[1]), f"/log/{_done(second)['id']}")
+            read = record["prompt_tokens"]
         rows.append({
             "second turn": label, "first replica": first_upstream, "second replica": second_upstream,
             "same replica": first_upstream == second_upstream, "continued": bool(second.complete and error is None),
+            "first incomplete": bool(done.get("incomplete")), "prompt words": read, "conversation words": expected, "history kept": read == expected,
             "what the second replica said": message or "the answer, in the same conversation",
         })
     return rows
+
+
+def _done(trace: Any) -> dict:
+    return next((e.data for e in trace.events if e.kind == "done" and isinstance(e.data, dict)), {})
 
 
 def _conversation_id(trace: Any) -> str | None:
@@ -316,3 +346,80 @@ async def _end_of(c: Cluster, generation_id: str) -> dict:
         return decode_entry(rows[0][1])[1] if rows else {}
     finally:
         await redis.aclose()
+
+
+async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int = 8) -> dict:
+    """Redis killed with SIGKILL while a reader follows an answer, then started again on its port (its file kept).
+
+    What the reader saw (the event that ended its stream, how long after the kill), ``/health`` on a
+    replica and a new ``POST /generations`` meanwhile, how long Redis took to answer again, how long from
+    then until a new generation's first text reached its reader, and the cut answer: read on with its
+    ``Last-Event-ID`` once Redis is back, continued by a worker after ``--claim-idle``.
+    """
+    created = await timed.create_generation(c.balancer.port, body(max_tokens))
+    reading = asyncio.ensure_future(timed.events(c.balancer.port, created["events"], timeout=60))
+    replica = c.live_shared()[0]
+    while (await timed.get_json(replica.port, f"/generations/{created['id']}"))["tokens"] < after:
+        await asyncio.sleep(0.01)
+    alive = [p for p in [*c.shared, *c.workers] if p.process.poll() is None]
+    killed = time.perf_counter()
+    c.redis.kill()
+    health = await _health_until(replica.port, 503)
+    refused = await timed.fetch(c.balancer.port, "POST", "/generations", body=body(new_tokens))
+    first = await reading
+    ended = next((e for e in first.events if e.kind in ("error", "end")), None)
+    down_s = time.perf_counter() - killed
+    start_s = await asyncio.to_thread(c.redis.start)
+    back = time.perf_counter()
+    new, rest = await asyncio.gather(_new_work(c.balancer.port, new_tokens, back),
+                                     timed.events(c.balancer.port, created["events"], last_event_id=last_id(first),
+                                                  timeout=60))
+    end = next((e for e in rest.events if e.kind == "end"), None)
+    stored = await timed.get_json(c.balancer.port, f"/generations/{created['id']}")
+    error = (ended.data or {}).get("error", {}) if ended is not None and isinstance(ended.data, dict) else {}
+    refusal = refused.json() if refused.body.startswith(b"{") else {}
+    return {
+        "reader_event": ended.kind if ended else None, "reader_message": error.get("message"),
+        "reader_told_s": first.sent + ended.t - killed if ended is not None else None,
+        "reader_text_events": len(first.text_events),
+        "health_status": health["status"], "health_redis": health["redis"], "health_s": health["s"],
+        "post_status": refused.status, "post_retry_after": refused.headers.get("retry-after"),
+        "post_message": refusal.get("error", {}).get("message"),
+        "down_s": down_s, "redis_start_s": start_s,
+        "new_refused": new["refused"], "new_first_text_s": new["first_text_s"],
+        "rest_text_events": len(rest.text_events), "rest_end": end.data if end is not None else None,
+        "rest_done_s": rest.sent + rest.end - back if rest.end is not None else None,
+        # Whole: the reader's two reads together are the stored answer, all its tokens, no piece twice.
+        "answer_whole": end is not None and end.data.get("tokens") == max_tokens
+        and first.text + rest.text == stored["text"],
+        "alive_before": len(alive), "alive_after": sum(p.process.poll() is None for p in alive),
+        # For a timeline, seconds from the kill: each text event the reader got, before and after; Redis's return.
+        "before_s": [first.sent + e.t - killed for e in first.text_events],
+        "after_s": [rest.sent + e.t - killed for e in rest.text_events], "back_s": back - killed,
+    }
+
+
+async def _health_until(port: int, status: int, timeout: float = 10.0) -> dict:
+    """Ask ``/health`` every 50 ms until it answers ``status``: that answer's ``redis``, and the seconds it took."""
+    began = time.perf_counter()
+    while True:
+        reply = await timed.fetch(port, "GET", "/health")
+        if reply.status == status or time.perf_counter() - began > timeout:
+            return {"status": reply.status, "redis": reply.json().get("redis"), "s": time.perf_counter() - began}
+        await asyncio.sleep(0.05)
+
+
+async def _new_work(port: int, tokens: int, since: float, timeout: float = 30.0) -> dict:
+    """A new generation once Redis is back: POSTed until accepted (each 503 counted), then its first text."""
+    refused = 0
+    while True:
+        reply = await timed.fetch(port, "POST", "/generations", body=body(tokens))
+        if reply.status == 201 or time.perf_counter() - since > timeout:
+            break
+        refused += 1
+        await asyncio.sleep(0.05)
+    if reply.status != 201:
+        return {"refused": refused, "first_text_s": None}
+    trace = await timed.events(port, reply.json()["events"], stop_after=1, timeout=timeout)
+    first = trace.text_events[0].t + trace.sent - since if trace.text_events else None
+    return {"refused": refused, "first_text_s": first}

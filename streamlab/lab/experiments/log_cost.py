@@ -5,8 +5,10 @@ Both sides run the server's own code, one writer and one reader per round:
 - in memory: ``resumable.Run.add`` for each event, a reader following with
   ``Run.follow`` (a list append and a wake-up);
 - in Redis: the worker's ``Worker.step`` for each event (one pipelined round
-  trip: append, count, read the hash, Redis's time) and a replica's
-  ``SharedRegistry.follow`` (``XREAD BLOCK``) as the reader.
+  trip: the guarded script that reads the hash, appends and counts, and
+  Redis's time) and a replica's ``SharedRegistry.follow`` (``XREAD BLOCK``) as
+  the reader. Redis counts a script's commands as it counts a client's: the
+  script, the three it runs, ``TIME``, and the reader's ``XREAD``.
 
 CPU is this process's (``time.process_time``) plus, for Redis, what
 redis-server spent (``/proc/PID/stat``, Linux). Rounds alternate the two,

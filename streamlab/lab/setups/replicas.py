@@ -27,6 +27,7 @@ from streamlab.hops.nginx import NginxProcess, run_nginx
 from streamlab.lab.setups.runner import RunningServer, all_started, start_process, start_servers
 from streamlab.server.resources.shared_log import open_client
 from streamlab.server.resources.worker import Worker
+from streamlab.server.store.shared import SharedStore
 
 WORKER_READY = re.compile(r"ready on (redis://[^\s:/]+:(\d+))")
 # A replica's own routes (/ws, /stream) answer from a scripted source at this rate: no model in the replicas.
@@ -50,6 +51,8 @@ class InProcessWorker:
         await self.worker.run(self.stopping)
 
     async def _make(self, lm: Any, url: str, options: dict) -> Worker:
+        # The replicas' conversations, as the worker command opens them (a store of its own: a writer of its own).
+        options.setdefault("store", SharedStore.open(url))
         return Worker(lm, open_client(url), **options)
 
     async def _event(self) -> asyncio.Event:
@@ -70,7 +73,7 @@ class InProcessWorker:
         once, while the worker's jobs still ran on the loop about to close.
         """
         self._call(self._cancel())
-        self._settle()
+        self._settle(crashed=True)
 
     async def _cancel(self) -> None:
         if self.running is not None and not self.running.done():
@@ -88,13 +91,15 @@ class InProcessWorker:
         if others:
             await asyncio.wait(others, timeout=timeout)
 
-    def _settle(self) -> None:
+    def _settle(self, crashed: bool = False) -> None:
         try:
             self.task.result(30)
         except BaseException:  # noqa: BLE001 - a crash is a cancelled task
             pass
         self._call(self._quiet())
         self._call(self.worker.redis.aclose())
+        if self.worker.store is not None and not crashed:  # a crash closes nothing: what it wrote stays as it was
+            self.worker.store.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

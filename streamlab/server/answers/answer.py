@@ -53,7 +53,7 @@ from streamlab.protocol.endings import (
     stop_reason_for,
 )
 from streamlab.server.store.answers import AnswerWriter
-from streamlab.server.store.database import Store
+from streamlab.server.store.conversations import Conversations
 from streamlab.server.transport.connection import ClientConnection, in_background
 from streamlab.net.serving import ClientGone
 from streamlab.server.answers.jobs import Jobs, LogRecord, Ticket, Turn
@@ -135,7 +135,7 @@ def title(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "\u2026"
 
 
-def commit_turn(store: Store, req: GenerationRequest, prompt_ids: list[int],
+def commit_turn(store: Conversations, req: GenerationRequest, prompt_ids: list[int],
                 messages: tuple[dict[str, str], ...]) -> Turn:
     """Commit the user's message before anything is generated: a crash can lose (part of) an answer, never the question."""
     conversation_id = req.conversation_id or store.new_conversation(title=title(req.prompt))
@@ -218,7 +218,7 @@ class Answer:
             generation = jobs.source.generation(ticket.req, turn.prompt_ids, turn.messages, config, record.count_tokens)
             if isinstance(generation, PieceStream):  # the backpressure policy, whichever engine makes the pieces
                 generation.set_backpressure(config.max_queued, config.slow_reader_timeout)
-            answer = jobs.store.begin_answer(turn.conversation_id)
+            answer = jobs.store.begin_answer(turn.conversation_id, turn.begun)
         except BaseException as exc:
             record.error, record.ended, record.done = f"could not start: {exc!r}", time.time(), True
             jobs.release(ticket)  # the slot it was given is free again
@@ -312,7 +312,7 @@ class Answer:
         record.stored_reason = stop_reason_for(result.stop_reason, record.stop_signal)
         # A naive server whose model finished after its reader left: the model
         # completed, but what was sent, and stored, is only part of it.
-        if record.stored_reason == COMPLETED and job.answer.text != result.text:
+        if record.stored_reason == COMPLETED and job.answer.appended != result.text:
             record.stored_reason = CLIENT_LEFT
         job.answer.finish(record.stored_reason, error=result.error)
         record.ended = time.time()

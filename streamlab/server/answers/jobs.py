@@ -5,7 +5,10 @@ Every route that generates (``/complete``, ``/stream``, ``/ws``,
 against the context, admits the request (a slot now, while fewer than
 ``max_active`` are held; else a place in a bounded first-in-first-out line,
 or 503 with ``--admission refuse`` or a full line), keeps its ``/log``
-record, and commits the user's message when its generation starts. The
+record, and commits the user's message when its generation starts. Where
+turns are kept is its store's business (``store/conversations.py``): this
+server's SQLite file, or, with ``--events redis://...``, Redis, where every
+replica reads them (``store/shared.py``). The
 slots are held by tickets, started or not: the line is in front of every
 engine (a thread, or a row of the batched engine). An answer that is over
 gives its slot back with one call (``release``), and the first in line gets
@@ -28,7 +31,8 @@ from streamlab.model.generation import Generation
 from streamlab.protocol.http_fields import HTTPError
 from streamlab.protocol.endings import LEAVING_SIGNALS, SERVER_SHUTDOWN, STOP_MESSAGE
 from streamlab.server.store.answers import AnswerWriter
-from streamlab.server.store.database import Store
+from streamlab.server.store.conversations import Begun, Conversations
+from streamlab.server.store.shared import SharedStore
 from streamlab.server.config import MAX_LOG_RECORDS, RETRY_AFTER, ServerConfig, flag
 from streamlab.net.serving import ClientGone
 from streamlab.server.answers.requests import GenerationRequest
@@ -105,13 +109,15 @@ class Turn:
     ``prompt_ids`` is what the model reads: the prompt alone, or the whole
     conversation in the chat template when the request continued one or sent
     a transcript (the OpenAI and Anthropic routes). An upstream source counts
-    the prompt itself: then ``prompt_ids`` is empty.
+    the prompt itself: then ``prompt_ids`` is empty. ``begun``: an answer a
+    dead worker began, continued in its row (``resources/continued.py``).
     """
 
     conversation_id: str
     user_message_id: str
     prompt_ids: list[int]
     messages: tuple[dict[str, str], ...] = ()  # the conversation as messages (what an upstream source is sent)
+    begun: Begun | None = None
 
 
 class StartedJob(Protocol):
@@ -186,10 +192,12 @@ def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> N
 class Jobs:
     """The line at the door: the slots and who holds them, those waiting for their turn, and the log."""
 
-    def __init__(self, source: TokenSource, config: ServerConfig, store: Store) -> None:
+    def __init__(self, source: TokenSource, config: ServerConfig, store: Conversations) -> None:
         self.source = source  # the model here, an upstream, or a script
         self.config = config
-        self.store = store
+        # Where every turn is kept: this server's file, or with --events the replicas' one store in Redis.
+        self.store: Conversations = (SharedStore.open(config.events, flush_interval=config.flush_interval)
+                                     if config.events else store)
         self.queue: deque[Ticket] = deque()  # the line, first in first out
         self.holders: set[Ticket] = set()  # their turn came (their generation started or not): the slots taken
         self.left_queue = 0  # readers who left the line before their turn
@@ -341,17 +349,23 @@ class Jobs:
 
     # -- the user's turn ------------------------------------------------------
 
-    def measure(self, req: GenerationRequest) -> tuple[list[int], tuple[dict[str, str], ...]]:
+    def measure(self, req: GenerationRequest, through: str | None = None) -> tuple[list[int], tuple[dict[str, str], ...]]:
         """What the model will read, refused (400) when it and ``max_tokens`` do not fit the context.
 
         A ``conversation_id`` continues that conversation (404 if there is
-        none); with ``chat`` the model reads all of it. Nothing is stored.
+        none; 503 if its store does not answer); with ``chat`` the model reads
+        all of it. Nothing is stored. ``through``: the user's message was
+        committed already (a ``/generations`` POST on a replica), and the
+        conversation up to it, the prompt included, is what the model reads.
         """
         store = self.store
         if req.conversation_id is not None and store.conversation(req.conversation_id) is None:
             raise HTTPError(404, f"no conversation {req.conversation_id!r}")
         if req.conversation_id is not None and req.chat:
-            messages = (*store.as_chat_messages(req.conversation_id), {"role": "user", "content": req.prompt})
+            if through is not None:
+                messages = tuple(store.as_chat_messages(req.conversation_id, through))
+            else:
+                messages = (*store.as_chat_messages(req.conversation_id), {"role": "user", "content": req.prompt})
         else:
             messages = req.messages or ({"role": "user", "content": req.prompt},)
         prompt_ids = self.source.prompt_ids(messages, chat=req.chat)

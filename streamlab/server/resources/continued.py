@@ -34,11 +34,12 @@ from typing import Any, Callable, Sequence
 
 from streamlab.model.detokenizer import Detokenizer, detokenize
 from streamlab.server.answers.answer import Answer, commit_turn
-from streamlab.server.answers.jobs import Jobs
+from streamlab.server.answers.jobs import Jobs, Turn
 from streamlab.server.answers.requests import GenerationRequest
 from streamlab.server.answers.sources import Messages, ModelSource
 from streamlab.server.config import ServerConfig
 from streamlab.server.resources.shared_log import decode_entry, encode_entry
+from streamlab.server.store.conversations import Begun
 from streamlab.server.wire.formats import text_data
 
 IDS = "t"  # a piece entry's field: the ids of the tokens it holds, comma-separated
@@ -147,17 +148,26 @@ def held_back(tokenizer: Any, prompt_ids: Sequence[int], kept: Kept, stop: Seque
     return whole[len(kept.text):] if whole.startswith(kept.text) else ""
 
 
-def continued_answer(jobs: Jobs, req: GenerationRequest, kept: Kept, generation_id: str) -> Answer:
+def continued_answer(jobs: Jobs, req: GenerationRequest, kept: Kept, generation_id: str, *,
+                     through: str | None = None, answer_id: str | None = None) -> Answer:
     """The answer that continues ``req`` after ``kept``: its prompt the job's prompt ids, then the kept ids.
 
     The job's prompt is measured as it was (a 400 if it no longer fits,
     which cannot happen with the same model); the rest of the answer is
-    ``max_tokens`` less the kept tokens (none left: it ends at once, ``max_tokens``).
+    ``max_tokens`` less the kept tokens (none left: it ends at once,
+    ``max_tokens``). ``through``: the user's message the replica committed
+    (the turn is that one: nothing new is stored for the user); ``answer_id``:
+    the row the dead worker began, taken over from the text its readers had.
     """
-    prompt_ids, messages = jobs.measure(req)
+    prompt_ids, messages = jobs.measure(req, through)
     fields = {f.name: getattr(req, f.name) for f in dataclasses.fields(GenerationRequest)}
     fields["max_tokens"] = max(0, req.max_tokens - kept.tokens)
     held = held_back(jobs.source.lm.tokenizer, prompt_ids, kept, req.stop)  # type: ignore[attr-defined]
     request = Continuation(**fields, kept_ids=kept.ids, held=held)
-    turn = commit_turn(jobs.store, request, [*prompt_ids, *kept.ids], messages)
+    ids = [*prompt_ids, *kept.ids]
+    if through is None:  # a job whose replica committed no turn (none to continue in): one of its own
+        turn = commit_turn(jobs.store, request, ids, messages)
+    else:
+        begun = Begun(answer_id, kept.text, kept.tokens) if answer_id else None
+        turn = Turn(req.conversation_id, through, ids, messages, begun=begun)  # type: ignore[arg-type]
     return Answer(jobs, "/generations", request, turn=turn, generation_id=generation_id)

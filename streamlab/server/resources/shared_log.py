@@ -53,8 +53,8 @@ When Redis does not answer, the replica stays up and says so:
   (A Redis that hangs rather than goes away is noticed when the read's
   timeout, the block plus ``ANSWER_MARGIN``, runs out.)
 
-Conversations stay in each replica's own SQLite store, which other replicas
-cannot read: this log takes a prompt, not a ``conversation_id``.
+Conversations live in Redis too (``store/shared.py``): a POST commits the user's message there before it
+queues the job, and the worker reads the conversation up to it and writes the answer's row.
 """
 
 from __future__ import annotations
@@ -77,8 +77,10 @@ from streamlab.server.config import RETRY_MS, ServerConfig, flag
 from streamlab.server.transport.connection import ClientConnection
 from streamlab.server.transport.events import Event, dumps
 from streamlab.server.wire.formats import error_body, place_data, stopped_in_line
+from streamlab.server.answers.answer import commit_turn
 from streamlab.server.answers.jobs import busy
 from streamlab.server.answers.requests import GenerationRequest
+from streamlab.server.store.shared import SharedStore, is_redis_error
 from streamlab.server.transport.streams import EventStream
 
 PREFIX = "streamlab"
@@ -156,11 +158,6 @@ def open_client(url: str, longest_block: float = CANCEL_WAIT) -> Any:
         return aioredis.from_url(url, decode_responses=True, socket_timeout=timeout)
     except ValueError as err:
         raise UserError(f"--events {url}: {err} (give redis://HOST:PORT)") from None
-
-
-def is_redis_error(err: BaseException) -> bool:
-    """An error of redis-py's (its connection lost, a timeout, a refusal), by its module: no import needed."""
-    return type(err).__module__.split(".")[0] == "redis" or isinstance(err, (ConnectionError, TimeoutError))
 
 
 def is_named(err: BaseException, name: str) -> bool:
@@ -351,9 +348,10 @@ class ReaderLeases:
 class SharedRegistry:
     """The ``/generations`` routes over Redis: the interface of ``resumable.Registry``, the state elsewhere."""
 
-    def __init__(self, redis: Any, config: ServerConfig, served_by: str = "") -> None:
+    def __init__(self, redis: Any, config: ServerConfig, served_by: str = "", store: SharedStore | None = None) -> None:
         self.redis = redis
         self.config = config
+        self.store = store  # the conversations in Redis, where a POST commits its user's message (None: it cannot)
         self.served_by = served_by  # this replica's URL, in every stream's X-Served-By: who served which part
         self.leases = ReaderLeases(redis, lease_seconds(config.grace))
         self.renewing: asyncio.Task | None = None
@@ -373,7 +371,7 @@ class SharedRegistry:
             if type(err).__name__ in ("ConnectionError", "TimeoutError", "AuthenticationError"):
                 raise UserError(f"--events {url}: no Redis answers there ({err})") from None
             raise
-        registry = cls(redis, config, served_by)
+        registry = cls(redis, config, served_by, SharedStore.open(url, flush_interval=config.flush_interval))
         registry.renewing = asyncio.create_task(registry.leases.run())
         return registry
 
@@ -396,12 +394,16 @@ class SharedRegistry:
     # -- the four routes -------------------------------------------------------------
 
     async def created(self, req: GenerationRequest) -> tuple[dict, list[tuple[str, str]]]:
-        """``POST /generations``: the request in a hash, a job in the queue; the 201's body and headers.
+        """``POST /generations``: the user's message committed, then the request in a hash and a job in the queue.
 
-        Refused (503) while ``--max-waiting`` jobs wait for a worker already.
+        The 201 names the conversation (the one given, or a new one). Refused: 503 while ``--max-waiting`` jobs
+        wait for a worker already, 404 for a ``conversation_id`` the shared store does not have.
         """
-        if req.conversation_id is not None:
-            raise HTTPError(400, "the shared event log keeps no conversations: send a prompt without conversation_id")
+        store = self.store
+        if store is None:
+            raise RuntimeError("a registry made without its store cannot take new generations")
+        if req.conversation_id is not None and store.conversation(req.conversation_id) is None:
+            raise HTTPError(404, f"no conversation {req.conversation_id!r}")
         generation_id = uuid.uuid4().hex
         request = {name: getattr(req, name) for name in REQUEST_FIELDS}
         limit = max(1, self.config.max_waiting)  # 0 (no line): refused while any job waits
@@ -414,18 +416,21 @@ class SharedRegistry:
                 jobs = f"{waiting} job{'' if waiting == 1 else 's'}"
                 raise busy(f"the shared queue is full ({jobs} waiting for a worker, {flag('max_waiting')}"
                            f" {self.config.max_waiting})")
+            turn = commit_turn(store, req, [], ())  # the worker measures the prompt, with the model
             now = await redis_ms(self.redis)
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(meta_key(generation_id), mapping={
                 "request": dumps(request), "status": "queued", "readers": 0, "orphaned_ms": now,
                 "grace_ms": int(self.config.grace * 1000), "tokens": 0,
+                "conversation_id": turn.conversation_id, "user_message_id": turn.user_message_id,
             })
             pipe.xadd(JOBS, {"generation": generation_id})
             job = (await pipe.execute())[1]
             await self.redis.hset(meta_key(generation_id), "job", job)  # where its place in the queue is read
-        body = {"id": generation_id, "conversation_id": None, "message_id": None,
-                "events": f"/generations/{generation_id}/events"}
-        return body, [("Location", f"/generations/{generation_id}"), ("X-Generation-Id", generation_id)]
+        body = {"id": generation_id, "conversation_id": turn.conversation_id, "message_id": None,
+                "events": f"/generations/{generation_id}/events"}  # message_id: once a worker begins the answer
+        return body, [("Location", f"/generations/{generation_id}"), ("X-Generation-Id", generation_id),
+                      ("X-Conversation-Id", turn.conversation_id)]
 
     async def events(self, client: ClientConnection, request: Request, generation_id: str) -> bool:
         """``GET /generations/{id}/events`` from any replica: the stream after ``Last-Event-ID``, or 204 (kept alive)."""
@@ -575,8 +580,8 @@ class SharedRegistry:
         ending = decoded[-1][1] if ends else None
         stored = ending.get("stop_reason") if ending else None
         return {
-            "id": generation_id, "conversation_id": None, "message_id": None, "status": meta["status"],
-            "text": text, "tokens": int(meta.get("tokens", 0)), "stop_reason": stored, "stored_reason": stored,
+            "id": generation_id, "conversation_id": meta.get("conversation_id"), "message_id": meta.get("message_id"),
+            "status": meta["status"], "text": text, "tokens": int(meta.get("tokens", 0)), "stop_reason": stored, "stored_reason": stored,
             "incomplete": (stored in INCOMPLETE_REASONS) if ending else None, "events": len(entries),
             "worker": meta.get("worker"),
         }
@@ -586,3 +591,5 @@ class SharedRegistry:
             self.renewing.cancel()
             await asyncio.gather(self.renewing, return_exceptions=True)
         await self.redis.aclose()
+        if self.store is not None:
+            self.store.close()

@@ -26,8 +26,17 @@ token twice, its end naming who continued it. A job no worker had started
 is simply run; one whose end was written (only the acknowledgement lost) is
 acknowledged and left.
 
+A job's conversation is in the shared store (``store/shared.py``): the
+replica that took the POST committed the user's message, and the worker reads
+the conversation up to it (the model reads the whole exchange), opens the
+answer's row and writes it as it streams, so a next turn on any replica reads
+it; the heir of a dead worker continues that same row.
+
 With every piece it appends, the worker reads the generation's hash in the
-same round trip: a cancel (``POST /generations/{id}/cancel`` on any replica)
+same round trip (one guarded script where Redis runs scripts, ``guarded.py``: only
+the job's owner appends, so a worker that stalled past ``--claim-idle`` and
+wakes after its job was taken over writes nothing; its end, too, is written
+only while it owns the job): a cancel (``POST /generations/{id}/cancel`` on any replica)
 or the last reader gone for ``--grace`` stops the model before its next
 token. The token count at the moment of the signal (the signal's time by
 Redis's clock, against each token's time, Redis's clock read with every
@@ -67,14 +76,17 @@ from streamlab.protocol.http_fields import HTTPError
 from streamlab.server.config import MAX_ACTIVE, ServerConfig
 from streamlab.server.answers.answer import Answer, Undeliverable
 from streamlab.server.wire.formats import answer_ending, ending_data, error_body, stopped_in_line
-from streamlab.server.answers.jobs import Jobs
+from streamlab.server.answers.jobs import Jobs, Turn
+from streamlab.server.store.conversations import Conversations, StoreUnavailable
 from streamlab.server.store.database import Store
+from streamlab.server.store.shared import SharedStore
 from streamlab.server.answers.requests import GenerationRequest
 from streamlab.server.resources.continued import Kept, WorkerSource, continued_answer, piece_entry
+from streamlab.server.resources.guarded import GuardedLog
 from streamlab.server.resources.shared_log import (
-    ENDINGS, GROUP, JOBS, KEEP_SECONDS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, is_redis_error,
-    meta_key, open_client,
+    ENDINGS, GROUP, JOBS, decode_entry, encode_entry, ensure_group, entry_ms, events_key, meta_key, open_client,
 )
+from streamlab.server.store.shared import is_redis_error
 
 HEARTBEAT = 0.5  # s between a busy worker's claims of its own job (each resets the entry's idle time)
 LOOK_INTERVAL = 0.1  # s: in a silence (reading a long prompt) the worker still looks for a cancel this often
@@ -122,11 +134,14 @@ class Worker:
     """One consumer of the job stream: up to ``max_active`` jobs at once, each generated into its stream, then acked."""
 
     def __init__(self, lm: Any, redis: Any, *, name: str | None = None, claim_idle: float = 5.0,
-                 max_active: int = MAX_ACTIVE, config: ServerConfig | None = None) -> None:
+                 max_active: int = MAX_ACTIVE, config: ServerConfig | None = None,
+                 store: Conversations | None = None) -> None:
         self.source = WorkerSource(lm)
         self.redis = redis
+        self.store = store  # the replicas' conversations (store/shared.py); None: a throwaway (it only appends)
         fail_fast(redis)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.log = GuardedLog(redis, self.name)  # what it appends and ends, only while the job is its own
         self.claim_idle_ms = int(claim_idle * 1000)
         self.max_active = max(1, int(max_active))
         self.config = config or ServerConfig(engine="batched")
@@ -212,7 +227,8 @@ class Worker:
         try:
             await self.do(entry_id, generation_id)
         except Exception as err:  # noqa: BLE001 - one job's failure must not end the others
-            if not is_redis_error(err):  # a bug: said, and the job ended with an error (not taken over for ever)
+            lost = is_redis_error(err) or isinstance(err, StoreUnavailable)  # its conversations are in Redis too
+            if not lost:  # a bug: said, and the job ended with an error (not taken over for ever)
                 traceback.print_exc()
                 try:
                     await self.finish(entry_id, generation_id, "error", {
@@ -247,9 +263,10 @@ class Worker:
         if not await self._take(generation_id):
             return  # another worker took it, or a replica ended it, meanwhile
         if meta.get("cancel"):
-            await self.finish(entry_id, generation_id, "end", stopped_in_line(worker=self.name))
+            await self.finish(entry_id, generation_id, "end", stopped_in_line(meta.get("conversation_id"),
+                                                                              worker=self.name))
             return
-        await self.generate(entry_id, generation_id, json.loads(meta["request"]))
+        await self.generate(entry_id, generation_id, meta)
 
     async def _take(self, generation_id: str, status: str = "queued", owner: str | None = None) -> bool:
         """``status`` -> running, under this worker's name, unless something changed it first (or another owns it).
@@ -305,44 +322,58 @@ class Worker:
                 STOPPED, kept.tokens, stop_signal=meta["cancel"], tokens_at_stop=kept.tokens,
                 **continuing(self.name, dead, kept)))
             return
-        await self.generate(entry_id, generation_id, json.loads(meta["request"]), kept=kept, dead=dead)
+        await self.generate(entry_id, generation_id, meta, kept=kept, dead=dead)
 
     def line(self) -> Jobs:
         """Where this worker's answers run, up to ``max_active`` at once: the same line, jobs and record as a server's.
 
         Its engine is the config's (batched: one forward pass a step for all
-        its answers; a model that cannot batch runs threads). Its store is a
-        throwaway of its own (the replicas' readers read the events in Redis,
-        and the shared log keeps no conversations), made when the first job
-        comes, so a worker that only appends (chapter 13's cost of the log) makes none.
+        its answers; a model that cannot batch runs threads). Its store is
+        the replicas' conversations in Redis; a worker given none (one that
+        only appends: chapter 13's cost of the log) gets a throwaway of its
+        own when the first job comes.
         """
         if self._line is None:
-            folder = Path(tempfile.mkdtemp(prefix="streamlab-worker-"))
-            atexit.register(shutil.rmtree, folder, True)
+            store = self.store
+            if store is None:
+                folder = Path(tempfile.mkdtemp(prefix="streamlab-worker-"))
+                atexit.register(shutil.rmtree, folder, True)
+                store = self.store = Store(folder / "answers.db")
             # At most one piece ahead of the loop: a busy loop must not let the model run on past a cancel
             # it has not read yet (the loop's work per piece is one round trip, next to a token's forward pass).
             config = dataclasses.replace(self.config, max_active=self.max_active, max_queued=1,
                                          slow_reader_timeout=None)
-            self._line = Jobs(self.source, config, Store(folder / "answers.db"))
+            self._line = Jobs(self.source, config, store)
         return self._line
 
-    async def generate(self, entry_id: str, generation_id: str, request: dict, *, kept: Kept | None = None,
+    async def generate(self, entry_id: str, generation_id: str, meta: dict[str, str], *, kept: Kept | None = None,
                        dead: str | None = None) -> None:
         """The job's answer, run as every answer is (``Answer``), its pieces and its end appended to Redis.
 
+        Its turn is the one the replica committed (``user_message_id`` in the
+        hash): the conversation up to that message is what the model reads.
         With ``kept``, it continues a taken-over answer after those tokens
-        (``continued.continued_answer``), ``dead`` naming whose it was.
+        (``continued.continued_answer``), in the row the dead worker began
+        (``message_id``), ``dead`` naming whose it was.
         """
-        req = GenerationRequest(**{**request, "stop": tuple(request.get("stop") or ())})
+        request = json.loads(meta["request"])
+        conversation_id, through = meta.get("conversation_id"), meta.get("user_message_id")
+        req = GenerationRequest(**{**request, "stop": tuple(request.get("stop") or ()),
+                                   "conversation_id": conversation_id if through else None})
         line = self.line()
         try:
-            if kept is None:
+            if kept is not None:
+                answer = continued_answer(line, req, kept, generation_id, through=through,
+                                          answer_id=meta.get("message_id"))
+            elif through:
+                prompt_ids, messages = line.measure(req, through)
+                turn = Turn(req.conversation_id, through, prompt_ids, messages)
+                answer = Answer(line, "/generations", req, turn=turn, generation_id=generation_id)
+            else:  # a job from a replica that committed no turn: the answer commits its own
                 answer = Answer(line, "/generations", req, generation_id=generation_id)
-            else:
-                answer = continued_answer(line, req, kept, generation_id)
-        except HTTPError as err:  # it does not fit the model's context
+        except HTTPError as err:  # it does not fit the model's context; its conversation is gone, or unreachable
             await self.finish(entry_id, generation_id, "error", {
-                **error_body(err.status, err.message), **self._ending("error", kept.tokens if kept else 0)})
+                **error_body(err.status, err.message), **self._ending(ERROR, kept.tokens if kept else 0)})
             return
         self.answers[entry_id] = answer
         await answer.run(IntoTheLog(self, entry_id, generation_id, kept, dead), ping_interval=LOOK_INTERVAL)
@@ -352,44 +383,34 @@ class Worker:
                    kept: int = 0) -> tuple[int | None, list, int]:
         """One round trip per piece: append it, count the tokens, read the hash (a cancel? readers?), Redis's time.
 
-        Returns the appended entry's time (None without a piece), the hash's
-        fields and now, both by Redis's clock. With ``heartbeat``, the job's
-        entry is claimed again too, which tells the other workers it is alive.
-        ``ids``: the piece's token ids, kept in its entry (what a worker that
-        takes the answer over continues from); ``kept``: tokens a continued
-        answer had before this generation, counted in the entry's ``n``.
+        Returns the appended entry's time (None without a piece, or when
+        nothing was appended: the job is not this worker's any more), the
+        hash's fields and now, both by Redis's clock. With ``heartbeat``, the
+        job's entry is claimed again too, which tells the other workers it is
+        alive. ``ids``: the piece's token ids, kept in its entry (what a worker
+        that takes the answer over continues from); ``kept``: tokens a
+        continued answer had before this generation, counted in the entry's
+        ``n``. Guarded where Redis runs scripts (``guarded.GuardedLog``).
         """
-        meta = meta_key(generation_id)
-        pipe = self.redis.pipeline(transaction=False)
-        if piece is not None:
-            pipe.xadd(events_key(generation_id), piece_entry(piece.text, kept + piece.tokens, ids))
-        pipe.hset(meta, "tokens", tokens)
-        pipe.hmget(meta, ["status", "worker", "cancel", "cancel_ms", "readers", "orphaned_ms", "grace_ms"])
-        pipe.time()
-        if heartbeat:
-            pipe.xclaim(JOBS, GROUP, self.name, 0, [entry_id], justid=True)
-        replies = await pipe.execute()
-        at = 1 if piece is not None else 0
-        seconds, micros = replies[at + 2]
-        return (entry_ms(replies[0]) if piece is not None else None), replies[at + 1], \
-            int(seconds) * 1000 + int(micros) // 1000
+        entry = piece_entry(piece.text, kept + piece.tokens, ids) if piece is not None else None
+        appended, state, (seconds, micros) = await self.log.step(entry_id, generation_id, entry, tokens, heartbeat)
+        return (entry_ms(appended) if appended else None), state, int(seconds) * 1000 + int(micros) // 1000
 
     def _ending(self, stored: str, tokens: int, **extra: Any) -> dict:
-        """The end event's data, in the in-memory registry's words (no store: no conversation), and its worker."""
+        """The end event's data, in the in-memory registry's words (where it is stored, when given), and its worker."""
         return ending_data(stored, tokens, worker=self.name, **extra)
 
-    async def finish(self, entry_id: str, generation_id: str, name: str, data: dict) -> None:
-        """The end event, the hash's final state and the acknowledgement, in one transaction."""
-        meta, events = meta_key(generation_id), events_key(generation_id)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(events, encode_entry(name, data, data.get("tokens", 0)))
-        pipe.hset(meta, mapping={"status": "done", "stop_reason": data["stop_reason"], "tokens": data["tokens"],
-                                 "ended_by": self.name})
-        pipe.expire(meta, KEEP_SECONDS)
-        pipe.expire(events, KEEP_SECONDS)
-        pipe.xack(JOBS, GROUP, entry_id)
-        await pipe.execute()
-        self.done.append(generation_id)
+    async def finish(self, entry_id: str, generation_id: str, name: str, data: dict) -> bool:
+        """The end event, the hash's final state and the acknowledgement, at once, while the job is this worker's.
+
+        A worker that stalled and wakes after its job was taken over (or
+        ended) writes nothing (``guarded.GuardedLog.finish``). Whether it wrote.
+        """
+        written = await self.log.finish(entry_id, generation_id, encode_entry(name, data, data.get("tokens", 0)),
+                                        data["stop_reason"], data["tokens"])
+        if written:
+            self.done.append(generation_id)
+        return written
 
 
 def continuing(worker: str, dead: str | None, kept: Kept) -> dict[str, Any]:
@@ -427,6 +448,14 @@ class IntoTheLog:
         return None  # never in line: the worker takes no more jobs than its line has slots
 
     async def opening(self, answer: Answer) -> bool:
+        """Where the answer is stored, in the hash (``GET /generations/{id}`` names it; an heir continues that row)."""
+        try:
+            await self.worker.redis.hset(meta_key(self.generation_id), "message_id", answer.job.answer.message_id)
+        except Exception as err:  # noqa: BLE001 - redis-py's ConnectionError: as a step that cannot append
+            if not is_redis_error(err):
+                raise
+            self._give_up(answer)
+            return False
         return True
 
     async def piece(self, answer: Answer, piece: Any) -> None:
@@ -472,8 +501,8 @@ class IntoTheLog:
             return
         name, ending = answer_ending(answer)
         result = answer.job.generation.result
-        # The replica's store knows nothing of this answer: no conversation, no message to name.
-        ending = {**ending, **self.worker._ending(ending["stop_reason"], self.kept + result.tokens, **self.continuing)}
+        ending = {**ending, **self.worker._ending(ending["stop_reason"], self.kept + result.tokens,
+                                                  **answer.job.ids(), **self.continuing)}
         if self.stop_signal is not None:  # the tokens made by the signal's moment, each token's time on Redis's clock
             ending["tokens_at_stop"] = self.kept + sum(
                 1 for t in result.token_times if t * 1000 + self.clock <= self.signal_ms)
@@ -505,8 +534,10 @@ async def reachable(url: str) -> None:
 async def work(lm: Any, url: str, *, name: str | None, claim_idle: float, config: ServerConfig,
                exit_on_stdin_eof: bool, max_active: int = MAX_ACTIVE) -> int:
     redis = open_client(url)
+    store = SharedStore.open(url, flush_interval=config.flush_interval)  # the replicas' conversations
     try:
-        worker = Worker(lm, redis, name=name, claim_idle=claim_idle, config=config, max_active=max_active)
+        worker = Worker(lm, redis, name=name, claim_idle=claim_idle, config=config, max_active=max_active,
+                        store=store)
         loop, stopping = asyncio.get_running_loop(), asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping.set)
@@ -517,6 +548,7 @@ async def work(lm: Any, url: str, *, name: str | None, claim_idle: float, config
         await worker.run(stopping)
         return 0
     finally:
+        store.close()
         await redis.aclose()
 
 

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from streamlab.protocol.endings import ERROR, INTERRUPTED, STOP_REASONS
+from streamlab.server.store.conversations import Begun, StoreUnavailable
 from streamlab.server.store.schema import Message
 
 __all__ = ["AnswerWriter", "FlushRounds"]
@@ -64,6 +65,11 @@ class AnswerWriter:
     other cannot fail the request. ``append`` after ``finish`` raises
     ``RuntimeError``: text after the end is a bug.
 
+    ``kept``: an answer a dead writer began (``conversations.Begun``), continued
+    here: its text and tokens come first, and ``append``'s running total counts
+    this writer's tokens only (``tokens`` is the whole answer's; ``appended``
+    the text this writer added).
+
     As a context manager, leaving the ``with`` by an exception finishes with
     ``error`` (the exception in ``error``); by a cancellation or an interrupt
     (``BaseException`` that is not an ``Exception``, such as asyncio's
@@ -72,12 +78,13 @@ class AnswerWriter:
     is closed as ``error`` and ``RuntimeError`` is raised.
     """
 
-    def __init__(self, store: StoreLike, message: Message) -> None:
+    def __init__(self, store: StoreLike, message: Message, kept: Begun | None = None) -> None:
         self._store = store
         self.message_id = message.id
         self.conversation_id = message.conversation_id
-        self._parts: list[str] = []
-        self._tokens = 0
+        self._kept_text, self._kept_tokens = (kept.text, kept.tokens) if kept is not None else ("", 0)
+        self._parts: list[str] = [self._kept_text] if self._kept_text else []
+        self._tokens = 0  # this writer's running total (after the kept ones)
         self._dirty = False
         self._finished: Message | None = None
         self._last_flush = message.created
@@ -99,8 +106,13 @@ class AnswerWriter:
             return "".join(self._parts)
 
     @property
+    def appended(self) -> str:
+        """The text this writer was given (without a continued answer's kept text): what its generation sent."""
+        return self.text[len(self._kept_text):]
+
+    @property
     def tokens(self) -> int:
-        return self._tokens
+        return self._kept_tokens + self._tokens
 
     @property
     def finished(self) -> bool:
@@ -124,7 +136,10 @@ class AnswerWriter:
             rounds = self._rounds
             if rounds is None:
                 if self._store.clock() - self._last_flush >= self._store.flush_interval:
-                    self._flush_locked()
+                    try:
+                        self._flush_locked()
+                    except StoreUnavailable:
+                        pass  # the text still waits, for the timer the flush set again; the answer goes on
                 else:
                     # Nothing more may come for a while: make sure this piece is
                     # written within the interval anyway.
@@ -172,12 +187,17 @@ class AnswerWriter:
             if self._finished is not None:
                 return
             if self._dirty:
-                self._flush_locked()
+                try:
+                    self._flush_locked()
+                except StoreUnavailable:
+                    pass  # the text still waits: the timer the flush set again writes it
             else:
                 try:
                     if self._store.clock() - self._last_beat >= self._store.beat_every:
                         self._store._write_heartbeat(self.message_id)
                         self._last_beat = self._store.clock()
+                except StoreUnavailable:
+                    pass  # the next beat tries again
                 finally:
                     self._arm_locked()  # a failed write (a lock held too long) must not end the heartbeat
         self._store._sweep_if_due()
@@ -190,7 +210,7 @@ class AnswerWriter:
         self._last_flush = self._store.clock()
         try:
             if self._dirty:
-                self._store._write_progress(self.message_id, "".join(self._parts), self._tokens)
+                self._store._write_progress(self.message_id, "".join(self._parts), self.tokens)
                 self._last_beat = self._last_flush
                 self._dirty = False
         finally:
@@ -203,7 +223,7 @@ class AnswerWriter:
                 return None
             self._dirty = False
             self._last_flush = self._last_beat = now
-            return self.message_id, "".join(self._parts), self._tokens
+            return self.message_id, "".join(self._parts), self.tokens
 
     def _give_back_progress(self) -> bool:
         """A round's write failed: the text waits again (True), unless the answer has ended since."""
@@ -219,7 +239,9 @@ class AnswerWriter:
         Returns the finished row. Called again, it changes nothing and
         returns the row from the first call. The end is written at once, in
         a transaction of its own, never left to a round: the reader is told
-        where it is stored, and may read it back the next moment.
+        where it is stored, and may read it back the next moment. (A store
+        that cannot be reached keeps the ending and writes it once it
+        answers: ``shared.SharedStore``; the row returned is then the one it will write.)
         """
         if stop_reason not in STOP_REASONS:
             raise ValueError(f"unknown stop reason {stop_reason!r}; expected one of {STOP_REASONS}")
@@ -229,8 +251,8 @@ class AnswerWriter:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self._store._write_final(self.message_id, "".join(self._parts), self._tokens, stop_reason, error)
-            self._finished = self._store.get_message(self.message_id)
+            self._finished = self._store._write_final(self.message_id, "".join(self._parts), self.tokens,
+                                                      stop_reason, error)
         if self._rounds is not None:
             self._rounds.leave(self)
         self._store._writers.discard(self)
@@ -264,6 +286,9 @@ class FlushRounds:
     (``beat_every``). The first append to find a tick overdue (the loop ran
     late) runs it there and then, so that no piece waits longer than the
     interval for its tick. ``transactions`` counts the ticks that wrote.
+    A tick whose store cannot be reached (``StoreUnavailable``: Redis gone)
+    gives the text back to the next one and says nothing more: the answers
+    go on streaming, and what they sent is written once the store answers.
 
     Locks, always in this order: the rounds', then an answer's (to take its
     text), then the store's (to write). ``finish`` and ``append`` release
@@ -337,11 +362,13 @@ class FlushRounds:
                     self.transactions += 1
                 if beat:
                     self.last_beat = now
-            except BaseException:
+            except BaseException as err:
                 for writer in writers:
                     if writer._give_back_progress():
                         self.waiting[writer] = None  # the next tick tries again
-                raise
+                if not isinstance(err, StoreUnavailable):
+                    raise
+                return
             finally:
                 self._arm_locked()
         store._sweep_if_due()

@@ -58,10 +58,11 @@ from streamlab.protocol.endings import (
     STOP_REASONS,
 )
 from streamlab.server.store.answers import AnswerWriter, FlushRounds
+from streamlab.server.store.conversations import Begun, chat_messages
 from streamlab.server.store.file import CHOOSE, make_folder, opening
 from streamlab.net.errors import UserError
 from streamlab.server.store.schema import (
-    _LEASE_QUERY, _MESSAGE_COLUMNS, CUT_OFF_MARKER, CUT_OFF_WORDS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
+    _LEASE_QUERY, _MESSAGE_COLUMNS, DONE, LEASE_COLUMNS, MIGRATIONS, SCHEMA_VERSION,
     STALE_FLUSHES, STREAMING, Conversation, Message, Owner, _lease, _message,
     default_path, process_exists, stale_after,
 )
@@ -229,18 +230,37 @@ class Store:
 
     # ---- the assistant's turn ----------------------------------------------
 
-    def begin_answer(self, conversation_id: str) -> AnswerWriter:
+    def begin_answer(self, conversation_id: str, begun: Begun | None = None) -> AnswerWriter:
         """Create the answer's row now (``streaming``, empty) and return its writer.
 
         The row exists from the first moment, so a crash before the first
         flush still leaves a trace that recovery can close as ``interrupted``;
         it carries our lease from that moment too, so that no other process
-        takes it for a crash's.
+        takes it for a crash's. ``begun``: an answer a dead writer began, its
+        row taken over (our lease, streaming again, from the text its readers had).
         """
-        message = self._insert_message(conversation_id, "assistant", "", STREAMING, True)
-        writer = AnswerWriter(self, message)
+        if begun is None:
+            message = self._insert_message(conversation_id, "assistant", "", STREAMING, True)
+        else:
+            message = self._resume_message(begun)
+        writer = AnswerWriter(self, message, kept=begun)
         self._writers.add(writer)
         return writer
+
+    def _resume_message(self, begun: Begun) -> Message:
+        """Take over a dead writer's answer: our lease on its row, streaming, its text the one its readers had."""
+        now, me = self.clock(), self.owner
+        with self._transaction() as conn:
+            changed = conn.execute(
+                "UPDATE messages SET content = ?, tokens = ?, status = ?, stop_reason = NULL, incomplete = 0,"
+                " updated = ?, owner_host = ?, owner_pid = ?, owner_boot = ?, heartbeat = ?, stale_after = ?"
+                " WHERE id = ? AND role = 'assistant'",
+                (begun.text, begun.tokens, STREAMING, now, me.host, me.pid, me.boot, now, self.stale_after,
+                 begun.message_id),
+            ).rowcount
+        if not changed:
+            raise KeyError(f"no answer {begun.message_id!r}")
+        return self.get_message(begun.message_id)
 
     def _write_progress(self, message_id: str, content: str, tokens: int) -> None:
         conn = self._db()
@@ -282,7 +302,8 @@ class Store:
 
     def _write_final(
         self, message_id: str, content: str, tokens: int, stop_reason: str, error: str | None
-    ) -> None:
+    ) -> Message:
+        """The answer's ending, written at once; the row as it now stands."""
         conn = self._db()
         with self._lock:
             conn.execute(
@@ -291,6 +312,7 @@ class Store:
                 (content, tokens, DONE, stop_reason, int(stop_reason in INCOMPLETE_REASONS),
                  error, self.clock(), message_id),
             )
+        return self.get_message(message_id)
 
     def recover_interrupted(self) -> int:
         """Close, as ``interrupted``, every ``streaming`` answer whose owner is gone; return how many.
@@ -377,23 +399,10 @@ class Store:
         )
         return [asdict(_message(row)) for row in rows]
 
-    def as_chat_messages(self, conversation_id: str) -> list[dict[str, str]]:
-        """The conversation as ``[{"role", "content"}]`` for the model's next turn.
-
-        An incomplete answer is fed back with a note saying it was cut off
-        and why. Unmarked, a truncated answer reads as a complete one: the
-        model builds on it as if it had said all it meant to, and so does a
-        user reading the transcript.
-        """
-        chat = []
-        for message in self.history(conversation_id):
-            content = message.content
-            if message.role == "assistant" and (message.incomplete or message.status == STREAMING):
-                reason = STREAMING if message.status == STREAMING else message.stop_reason
-                note = CUT_OFF_MARKER.format(reason=CUT_OFF_WORDS.get(reason, reason))
-                content = content + note if content else note.lstrip("\n")
-            chat.append({"role": message.role, "content": content})
-        return chat
+    def as_chat_messages(self, conversation_id: str, through: str | None = None) -> list[dict[str, str]]:
+        """The conversation as ``[{"role", "content"}]`` for the model's next turn, each cut-off answer marked
+        (``conversations.chat_messages``); up to message ``through``, when given."""
+        return chat_messages(self.history(conversation_id), through)
 
     # ---- closing -----------------------------------------------------------
 

@@ -199,16 +199,12 @@ class WebSocketSession:
         try:
             req = parse_generation_request(text, WS_MESSAGE)
             answer = self.current = Answer(self.jobs, "/ws", req, self.take_id())
-        except HTTPError as err:  # a bad request, a conversation_id we do not have, or a full line
-            await self.send_json(MESSAGES.refusal(err.status, err.message))
-            busy = err.status == 503
-            code = TRY_AGAIN_LATER if busy else int(websocket_frames.CloseCode.POLICY_VIOLATION)
-            # A close reason holds at most 123 bytes (RFC 6455 5.5): the refusal, which names its flag, cut to fit.
-            reason = err.message.encode("utf-8")[:120].decode("utf-8", "ignore") if busy else "bad request"
-            self._end(code, reason)
-            return False
+        except HTTPError as err:  # a bad request, a conversation_id we do not have, a full line, a store gone
+            return await self.refuse(err)
         try:
             await answer.run(self, watch=self.watching)
+        except HTTPError as err:  # its turn could not be committed as it started (the conversation store gone)
+            return await self.refuse(err)
         finally:
             self.current = None
         if answer.gone is not None:
@@ -222,6 +218,16 @@ class WebSocketSession:
                         (int(websocket_frames.CloseCode.GOING_AWAY), "server shutting down")))
             return False
         return req.keep_open
+
+    async def refuse(self, err: HTTPError) -> bool:
+        """A request refused: the error as a message, then close (1013 for a 503: try again later). False."""
+        await self.send_json(MESSAGES.refusal(err.status, err.message))
+        busy = err.status == 503
+        code = TRY_AGAIN_LATER if busy else int(websocket_frames.CloseCode.POLICY_VIOLATION)
+        # A close reason holds at most 123 bytes (RFC 6455 5.5): the refusal, which names its flag, cut to fit.
+        reason = err.message.encode("utf-8")[:120].decode("utf-8", "ignore") if busy else "bad request"
+        self._end(code, reason)
+        return False
 
     # -- the answer's delivery (``streamlab.server.answers.answer.Delivery``) ----------------
 
