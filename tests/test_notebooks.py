@@ -592,11 +592,14 @@ def test_13_more_than_one_server(tmp_path):
     assert all(s["run_on"] is not None and 0 <= s["run_on"] <= 2 for s in stops.values()), stops
     # Two workers' throughput beside one's, every reader ended (a ratio, not a bound: two on one machine contend).
     scaled = f["throughput"]
-    for label in ("2 workers", "1 worker"):
+    for label in ("2 workers", "1 worker", "serve"):
         row = scaled[label]
         assert row["ended"] == row["readers"] == quick["scale_readers"], scaled
         assert row["pieces"] == quick["scale_readers"] * quick["scale_tokens"] and row["pieces_per_s"] > 0
     assert scaled["ratio"] == scaled["2 workers"]["pieces_per_s"] / scaled["1 worker"]["pieces_per_s"]
+    # ...and one plain serve's beside them, the same readers straight to the model (no Redis, no worker).
+    assert scaled["serve"]["ended"] == scaled["serve"]["readers"] == quick["scale_readers"]
+    assert scaled["kept_of_serve"] == scaled["1 worker"]["pieces_per_s"] / scaled["serve"]["pieces_per_s"]
     # Redis killed mid-answer: the reader told in words within 5 s (the replica waits min(grace, 3 s) = 1 s), /health
     # 503, new work 503 with Retry-After, every process alive, new work streaming within 10 s of Redis's return
     # (workers ask again with backoff up to 2 s), and the cut answer continued to its end.
@@ -607,8 +610,15 @@ def test_13_more_than_one_server(tmp_path):
     assert o["post_status"] == 503 and o["post_retry_after"] and "Redis" in o["post_message"]
     assert o["alive_after"] == o["alive_before"] > 0
     assert o["new_first_text_s"] is not None and o["new_first_text_s"] < 10
-    assert o["answer_whole"] and o["rest_end"]["stop_reason"] == "max_tokens" and o["rest_end"]["continued_by"]
-    assert o["rest_end"]["tokens"] == quick["max_tokens"] and o["rest_end"]["kept_tokens"] >= quick["kill_after"]
+    assert o["rest_end"]["stop_reason"] == "max_tokens" and o["rest_end"]["continued_by"]
+    # The reader's text is the stored answer unless Redis lost events it had already sent: at appendfsync everysec
+    # a SIGKILL may take the file's last second (a loaded AVX2 clean-clone run lost one). The continuation makes them
+    # again after the kept ones, and the reader, resuming after an id the restarted Redis no longer has, reads every
+    # event the continuation wrote: the lost ones twice. The chapter says how many.
+    kept, lost = o["rest_end"]["kept_tokens"], o["lost_events"]
+    assert kept + lost == o["reader_text_events"] >= quick["kill_after"]
+    assert o["rest_text_events"] == quick["max_tokens"] - kept and o["rest_end"]["tokens"] == quick["max_tokens"]
+    assert o["answer_whole"] if lost == 0 else not o["answer_whole"]
     cost = f["cost"]
     assert cost["rounds"] == quick["bench_rounds"] and 2.0 <= cost["round_trips"]["median"] < 2.2
     # Per event: the guarded script and the three commands it runs, TIME, and the reader's XREAD.

@@ -1,4 +1,4 @@
-"""Chapter 13's chart: what a reader received over time when the server under it was killed.
+"""Chapter 13's charts: what a reader received over time when the server under it, or Redis, was killed.
 
 One line per reader: the text events it had received so far, against
 seconds since it sent its request, a step up at each event. A marker where
@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from streamlab.book.style import THRESHOLD_STYLE, _axes, _legend, _seconds, color_of
 
-__all__ = ["received_through_a_kill"]
+__all__ = ["received_through_a_kill", "through_a_redis_outage"]
 
 
 def received_through_a_kill(readers: Mapping[str, Sequence[tuple[float, int, int]]], *, killed_at: Mapping[str, float],
@@ -50,5 +50,27 @@ def received_through_a_kill(readers: Mapping[str, Sequence[tuple[float, int, int
     ax.set_ylabel("text events received")
     ax.set_title(title)
     ax.grid(alpha=0.3)
+    _legend(ax, fontsize=8)
+    return ax
+
+
+def through_a_redis_outage(outage: Mapping[str, Any], *, ax: Any = None) -> Any:
+    """One answer's text events against seconds since Redis was killed (``failover.redis_outage``'s figures):
+    before the kill, and read on with its ``Last-Event-ID`` once Redis is back; the outage shaded, the reader's
+    error event and a new answer's first text marked."""
+    ax = _axes(ax, 3.2)
+    before, after = list(outage["before_s"]), list(outage["after_s"])
+    ax.step(before, range(1, len(before) + 1), where="post", label="the reader, before the kill")
+    ax.step(after, range(len(before) + 1, len(before) + len(after) + 1), where="post",
+            label="read on with its Last-Event-ID, once Redis is back")
+    ax.axvspan(0, outage["back_s"], color="0.85", label="Redis down")
+    if outage["reader_told_s"] is not None:
+        ax.axvline(outage["reader_told_s"], color="C3", linestyle="--", label="the reader's error event")
+    if outage["new_first_text_s"] is not None:
+        ax.axvline(outage["back_s"] + outage["new_first_text_s"], color="C2", linestyle=":",
+                   label="a new answer's first text")
+    ax.set_xlabel("seconds since Redis was killed")
+    ax.set_ylabel("text events")
+    ax.set_title("One answer through a Redis outage")
     _legend(ax, fontsize=8)
     return ax

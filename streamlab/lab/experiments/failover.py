@@ -46,7 +46,7 @@ from streamlab.client.tracing import last_id
 from streamlab.hops.nginx import NginxProcess
 from streamlab.lab.experiments.redis_restart import RestartableRedis, restartable_redis
 from streamlab.lab.setups.replicas import run_balancer, start_replicas, start_workers
-from streamlab.lab.setups.runner import RunningServer
+from streamlab.lab.setups.runner import RunningServer, all_started, start_server
 from streamlab.server.store.schema import CUT_OFF_MARKER, CUT_OFF_WORDS
 
 PROMPT = "Write a short note to a friend about a walk by the sea."
@@ -60,6 +60,7 @@ class Cluster:
     workers: list[RunningServer]
     balancer: NginxProcess  # in front of the shared replicas
     balancer_alone: NginxProcess  # in front of the others
+    plain: RunningServer  # one plain serve with the model, no Redis: what the shared log is weighed against
     killed: list[tuple[str, float]] = field(default_factory=list)  # (url, perf_counter) of each process killed
 
     def replica(self, url: str) -> RunningServer:
@@ -78,7 +79,8 @@ class Cluster:
 @contextmanager
 def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float = 1.0,
             claim_idle: float = 1.0, model: str | None = None) -> Iterator[Cluster]:
-    """Redis, ``replicas`` model-less replicas sharing it and ``alone`` without it, ``workers`` workers, two nginx.
+    """Redis, ``replicas`` model-less replicas sharing it and ``alone`` without it, ``workers`` workers, two nginx,
+    and one plain ``serve`` with the model (the shared log's throughput is weighed against it).
 
     Every replica has a SQLite file of its own, as replicas on machines apart would: those with the
     shared log keep their conversations in Redis instead, the others in that file.
@@ -88,26 +90,17 @@ def cluster(replicas: int = 3, alone: int = 2, workers: int = 2, *, grace: float
         folder = Path(tempfile.mkdtemp(prefix="streamlab-replicas-"))
         stack.callback(shutil.rmtree, folder, True)
         own = [str(folder / f"replica-{i + 1}.db") for i in range(replicas + alone)]  # a store each
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            futures = [pool.submit(start_replicas, replicas, events=redis.url, grace=grace, dbs=own[:replicas]),
-                       pool.submit(start_replicas, alone, grace=grace, dbs=own[replicas:]),
-                       pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle),
-                                   *(["--model", model] if model else []))]
-            started = []
-            for future in futures:
-                try:
-                    started.append(future.result())
-                except Exception:  # noqa: BLE001 - stop what did start, then say why
-                    for f in futures:
-                        if f.done() and f.exception() is None:
-                            for running in f.result():
-                                running.stop()
-                    raise
-        shared, alone_ones, working = started
-        stack.callback(_stop_all, [*shared, *alone_ones, *working])
+        model_flags = ["--model", model] if model else []
+        with ThreadPoolExecutor(max_workers=4) as pool:  # all at once; if one fails, the others are stopped
+            shared, alone_ones, working, plain = all_started([
+                pool.submit(start_replicas, replicas, events=redis.url, grace=grace, dbs=own[:replicas]),
+                pool.submit(start_replicas, alone, grace=grace, dbs=own[replicas:]),
+                pool.submit(start_workers, redis.url, workers, "--claim-idle", str(claim_idle), *model_flags),
+                pool.submit(start_server, "--db", str(folder / "plain.db"), *model_flags)])
+        stack.callback(_stop_all, [*shared, *alone_ones, *working, plain])
         balancer = stack.enter_context(run_balancer([r.port for r in shared]))
         balancer_alone = stack.enter_context(run_balancer([r.port for r in alone_ones]))
-        yield Cluster(redis, shared, alone_ones, working, balancer, balancer_alone)
+        yield Cluster(redis, shared, alone_ones, working, balancer, balancer_alone, plain)
 
 
 def _stop_all(processes: list[RunningServer]) -> None:
@@ -392,6 +385,10 @@ async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int 
         # Whole: the reader's two reads together are the stored answer, all its tokens, no piece twice.
         "answer_whole": end is not None and end.data.get("tokens") == max_tokens
         and first.text + rest.text == stored["text"],
+        # Events the reader had that Redis's file did not (appendfsync everysec: up to its last second): the
+        # continuation made them again after the kept ones, so the reader's copy of them is not the stored one.
+        "lost_events": max(0, len(first.text_events) - int(end.data.get("kept_tokens") or 0)) if end is not None
+        else None,
         "alive_before": len(alive), "alive_after": sum(p.process.poll() is None for p in alive),
         # For a timeline, seconds from the kill: each text event the reader got, before and after; Redis's return.
         "before_s": [first.sent + e.t - killed for e in first.text_events],
