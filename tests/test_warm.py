@@ -167,3 +167,26 @@ def test_a_model_server_forked_from_the_starter_says_what_a_fresh_one_says(start
     finally:
         forked.stop()
         fresh.stop()
+
+
+def test_a_chapter_kernel_is_forked_and_runs_its_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run-notebooks' kernels (streamlab.book.warm_kernel): forked, in a session of their own, in the notebook's folder."""
+    import nbformat
+
+    from streamlab.book.notebooks import papermill_run
+    from streamlab.book.warm_kernel import warm_kernels
+
+    notebook = tmp_path / "probe.ipynb"
+    cell = nbformat.v4.new_code_cell("import os, pandas\nprint(os.getppid(), os.getsid(0) == os.getpid(), os.getcwd())")
+    parameters = nbformat.v4.new_code_cell("results_path = None", metadata={"tags": ["parameters"]})
+    nbformat.write(nbformat.v4.new_notebook(cells=[parameters, cell], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"}}), notebook)
+    monkeypatch.delenv(warm.ENV, raising=False)  # the session's starter forks no kernel: this one does
+    with warm_kernels() as path:
+        assert path is not None
+        papermill_run(notebook, tmp_path / "out.ipynb", tmp_path, None, timeout=120, progress=False)
+        assert warm.ask_cpu(path) > 0
+    said = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1].outputs[0]["text"].split()
+    assert int(said[0]) != os.getpid()  # its parent is the starter, not the process that asked for it
+    assert said[1] == "True" and said[2] == str(tmp_path)  # a session of its own; the notebook's folder

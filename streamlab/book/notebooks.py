@@ -14,8 +14,9 @@ temporary ``STREAMLAB_DATA``, removed at the end: the servers the chapters
 start each have a throwaway store already (``streamlab.lab.setups.runner``), and
 this keeps anything else that opens the default store out of the reader's
 own conversations too. The run keeps one warm starter (``streamlab.net.warm``)
-that the kernels' servers are forked from: each skips the seconds of importing
-torch and transformers, and is otherwise the program it would be.
+that the kernels and their model servers are forked from
+(``streamlab.book.warm_kernel``): each skips the seconds of importing IPython,
+pandas, torch and transformers, and is otherwise the program it would be.
 
 A run replaces only what it produced. What the user typed (``--only``,
 ``-p``) is checked against the chapters before anything runs, and a mistake
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from streamlab.lab.results.records import BUILD, NOTEBOOKS, RUN_ID
-from streamlab.lab.setups.runner import DATA, warm_starts
+from streamlab.lab.setups.runner import DATA
 from streamlab.net import warm
 from streamlab.net.errors import ArgumentParser, UserError
 
@@ -92,6 +93,8 @@ def papermill_run(
     """Run ``notebook`` into ``executed`` in its own folder, telling it where to record its results."""
     import papermill as pm
 
+    from streamlab.book.warm_kernel import WarmKernelManager
+
     params = {"results_path": str(results.resolve()), **(parameters or {})}
     pm.execute_notebook(
         str(notebook),
@@ -102,6 +105,7 @@ def papermill_run(
         progress_bar=progress,
         execution_timeout=timeout,
         config=kernel_config(),
+        kernel_manager_class=WarmKernelManager,  # forked by the run's warm starter where one runs, else as usual
     )
 
 
@@ -225,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     params = parse_parameters(args.parameter, set().union(*(parameter_names(nb) for nb in all_chapters)))
     os.environ[RUN_ID] = uuid.uuid4().hex  # the kernels inherit it: recordings made in this run say so
     cpu: dict[str, float] = {}
-    # One warm starter for the run: every server a chapter starts skips the imports (streamlab.net.warm).
-    with data_folder_of_its_own(), warm_starts():
+    from streamlab.book.warm_kernel import warm_kernels
+
+    # One warm starter for the run: each chapter's kernel, and every model server it starts, skips the imports.
+    with data_folder_of_its_own(), warm_kernels():
         headlines, seconds, failed = run_chapters(selected, params, args.out, cpu)
     print("\nstreamlab headlines")
     for line in headlines:

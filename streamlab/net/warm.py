@@ -159,8 +159,14 @@ def _module_of(cmd_args: Sequence[str]) -> list[str] | None:
     return None
 
 
-def start(cmd_args: Sequence[str], *, env: dict[str, str] | None, stderr_fd: int) -> WarmProcess | None:
-    """Have the starter run ``cmd_args``; None when there is none, or it refuses (the caller starts it fresh)."""
+def start(cmd_args: Sequence[str], *, env: dict[str, str] | None, stderr_fd: int, stdout_fd: int | None = None,
+          cwd: str | None = None, new_session: bool = False) -> WarmProcess | None:
+    """Have the starter run ``cmd_args``; None when there is none, or it refuses (the caller starts it fresh).
+
+    Its stdin is a pipe (``.stdin``), its stdout one too (``.stdout``) unless ``stdout_fd`` is given, its
+    stderr ``stderr_fd``; ``cwd`` its folder (default: ours); ``new_session``: a session and process group of
+    its own (``setsid``), as ``Popen(start_new_session=True)`` makes.
+    """
     path = os.environ.get(ENV)
     run = _module_of(cmd_args)
     if not path or path == "off" or run is None:  # STREAMLAB_WARM=off: every process fresh
@@ -171,8 +177,9 @@ def start(cmd_args: Sequence[str], *, env: dict[str, str] | None, stderr_fd: int
     except OSError:
         return None
     in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    asked = {"run": run, "env": dict(os.environ if env is None else env), "cwd": os.getcwd()}
+    out_r, out_w = os.pipe() if stdout_fd is None else (None, stdout_fd)
+    asked = {"run": run, "env": dict(os.environ if env is None else env), "cwd": cwd or os.getcwd(),
+             "session": new_session}
     try:
         socket.send_fds(conn, [json.dumps(asked).encode()], [in_r, out_w, stderr_fd])
         said = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the starter closed"}')
@@ -180,13 +187,16 @@ def start(cmd_args: Sequence[str], *, env: dict[str, str] | None, stderr_fd: int
         said = {"refused": "the starter did not answer"}
     finally:
         os.close(in_r)
-        os.close(out_w)
+        if out_r is not None:
+            os.close(out_w)
     if "pid" not in said:
         conn.close()
         os.close(in_w)
-        os.close(out_r)
+        if out_r is not None:
+            os.close(out_r)
         return None
-    return WarmProcess(cmd_args, conn, int(said["pid"]), os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"))
+    stdout = os.fdopen(out_r, "rb") if out_r is not None else None
+    return WarmProcess(cmd_args, conn, int(said["pid"]), os.fdopen(in_w, "wb"), stdout)
 
 
 def ask_cpu(path: str | None = None) -> float:

@@ -422,14 +422,17 @@ WARM_PRELOAD = ("streamlab.cli", "streamlab.server.command", "streamlab.server.r
 
 
 @contextmanager
-def warm_starts(ready_timeout: float = 120.0) -> Iterator[str | None]:
+def warm_starts(ready_timeout: float = 120.0, *, preload: Sequence[str] = WARM_PRELOAD,
+                modules: Sequence[str] = ("streamlab",)) -> Iterator[str | None]:
     """While inside, our servers are forked by one warm starter (``streamlab.net.warm``): its socket, or None.
 
     Set in ``STREAMLAB_WARM``, so the notebook kernels and test workers started
     inside inherit it. Each ``python -m streamlab ...`` started through
     ``start_process`` then skips the seconds of imports, and is otherwise the
     same program; one the starter may not fork (another environment) starts
-    fresh. Already inside one, or where it cannot start, this does nothing.
+    fresh. ``preload``: what it imports first; ``modules``: what it may run
+    (``run-notebooks`` adds the kernels' own, ``streamlab.book.warm_kernel``).
+    Already inside one, or where it cannot start, this does nothing.
     """
     if os.environ.get(warm.ENV):
         yield os.environ[warm.ENV]
@@ -437,7 +440,8 @@ def warm_starts(ready_timeout: float = 120.0) -> Iterator[str | None]:
     folder = Path(tempfile.mkdtemp(prefix="streamlab-warm-"))
     path = str(folder / "starter.sock")
     cmd = [sys.executable, "-m", "streamlab.lab.setups.warm_starter", "--socket", path,
-           *(arg for spec in WARM_PRELOAD for arg in ("--preload", spec))]
+           *(arg for spec in preload for arg in ("--preload", spec)),
+           *(arg for module in modules for arg in ("--module", module))]
     try:
         up = start_and_wait(cmd, env=_child_env(None), name="streamlab-warm", ready=WARM_READY,
                             ready_timeout=ready_timeout)

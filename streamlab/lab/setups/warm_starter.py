@@ -52,6 +52,14 @@ class Starter:
     def serve(self) -> int:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped: the count below is still said
+        try:
+            return self._loop()
+        finally:
+            print(f"streamlab warm starter: {self.counts['warm']} forked, {self.counts['refused']} started fresh",
+                  file=sys.stderr, flush=True)
+
+    def _loop(self) -> int:
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "reap")
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
@@ -68,8 +76,6 @@ class Starter:
                     self.reap()
                 elif key.data == "stdin":
                     if not os.read(sys.stdin.fileno(), 4096):  # whoever started us is gone
-                        print(f"streamlab warm starter: {self.counts['warm']} warm, {self.counts['refused']} refused",
-                              file=sys.stderr, flush=True)
                         return 0
                 else:
                     self.answer(key.fileobj)  # type: ignore[arg-type]
@@ -168,6 +174,8 @@ class Starter:
             for fd in fds:
                 if fd > 2:
                     os.close(fd)
+            if asked.get("session"):
+                os.setsid()  # a process group of its own: what signals its group reaches only it and its children
             os.chdir(asked.get("cwd") or "/")
             os.environ.clear()
             os.environ.update(asked["env"])
