@@ -71,11 +71,14 @@ def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_servers(data_folder: Path) -> Iterator[str | None]:
-    """One warm starter per test process (streamlab.net.warm): the servers the tests start skip the imports.
+    """One warm starter per test process (streamlab.net.warm): the model servers and the chapters' kernels the
+    tests start skip the imports, as in ``make run``.
 
     ``STREAMLAB_WARM=off`` starts every one fresh instead; tests/test_warm.py holds the two to the same behaviour.
     """
-    with runner.warm_starts() as path:
+    from streamlab.book.warm_kernel import warm_kernels
+
+    with warm_kernels() as path:
         yield path
 
 

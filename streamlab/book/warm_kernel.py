@@ -13,16 +13,14 @@ would go. The model servers the chapters start are forked by the same
 starter (``streamlab.lab.setups.runner.warm_starts``). Where the starter
 may not fork the kernel (an environment that differs), it starts fresh.
 
-matplotlib is not imported ahead: it reads ``MPLBACKEND``, which the
-kernel's environment sets, when it is imported.
+matplotlib is not imported ahead: it reads ``MPLBACKEND`` when it is
+imported, and ipykernel sets that as the kernel starts.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
@@ -31,16 +29,23 @@ from streamlab.net import warm
 
 __all__ = ["KERNEL_PRELOAD", "WarmKernelManager", "warm_kernels"]
 
-# What a kernel imports before a chapter's first cell, with what a chapter's first cells import (not matplotlib).
-KERNEL_PRELOAD = ("ipykernel.kernelapp", "pandas", "streamlab.client.timed")
+# What a kernel imports before a chapter's first cell, with what a chapter's first cells import. Not ipykernel's
+# kernelapp: its class reads JPY_PARENT_PID as it is defined (the parent a kernel watches, to exit with it), so it is
+# imported in the child, with the launch's env (a tenth of a second once the rest is in). Not matplotlib (below).
+KERNEL_PRELOAD = ("ipykernel.ipkernel", "pandas", "streamlab.client.timed")
 
 
 class WarmKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernels the warm starter forks, where one runs and may (else started fresh)."""
+    """A kernel manager whose kernels the warm starter forks, where one runs and may (else started fresh).
+
+    Either way a kernel gets the environment the servers get (this streamlab first on ``PYTHONPATH``,
+    unbuffered output: ``runner._child_env``), so that one starter, started with it, may fork both.
+    """
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
-        process = warm.start(kernel_cmd, env=kw.get("env"), cwd=kw.get("cwd"), stdout_fd=sys.stdout.fileno(),
-                             stderr_fd=sys.stderr.fileno(), new_session=True)
+        kw["env"] = _child_env(kw.get("env"))
+        # Its output on our file descriptors 1 and 2, which a kernel started fresh inherits.
+        process = warm.start(kernel_cmd, env=kw["env"], cwd=kw.get("cwd"), stdout_fd=1, stderr_fd=2, new_session=True)
         if process is None:
             await super()._async_launch_kernel(kernel_cmd, **kw)
             return
@@ -52,21 +57,7 @@ class WarmKernelManager(AsyncKernelManager):
         self._reconcile_connection_info(provisioner.connection_info)
 
 
-@contextmanager
-def warm_kernels() -> Iterator[str | None]:
-    """While inside, the kernels (through :class:`WarmKernelManager`) and the servers are forked: the socket.
-
-    The kernels get the environment the servers get (this streamlab first on ``PYTHONPATH``, unbuffered
-    output), so that one starter, started with it, may fork them all.
-    """
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONUNBUFFERED")}
-    os.environ.update({name: value for name, value in _child_env(None).items() if name in saved})
-    try:
-        with warm_starts(preload=(*WARM_PRELOAD, *KERNEL_PRELOAD), modules=("streamlab", "ipykernel_launcher")) as path:
-            yield path
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def warm_kernels() -> Any:
+    """A warm starter (``runner.warm_starts``) that forks the kernels as well as the model servers: the context
+    manager, yielding its socket. ``run-notebooks`` keeps one for the run, the tests one per test process."""
+    return warm_starts(preload=(*WARM_PRELOAD, *KERNEL_PRELOAD), modules=("streamlab", "ipykernel_launcher"))
