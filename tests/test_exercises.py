@@ -48,7 +48,9 @@ NAMES = [
     "ex10_openai_chunks",
     "ex11_slow_reader",
     "ex12_flushing_gzip",
-    "ex15_utf8_reader",  # chapters 13 and 14 have none yet: an exercise's number is its chapter's
+    "ex13_follow_across_replicas",
+    "ex14_six_connections",
+    "ex15_utf8_reader",  # an exercise's number is its chapter's
 ]
 
 
@@ -204,13 +206,14 @@ def test_every_exercise_has_a_solution():
 
 
 def test_the_teachers_page_names_every_exercise_and_every_chapter():
-    """One row per exercise, in order, and every chapter 1-12 named by at least one of them."""
+    """One row per exercise, in order, and every chapter named by at least one of them."""
     readme = (EXERCISES / "README.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\d+) \| \[(ex\d+_\w+)\]\(\2\.ipynb\) \| (\d+) min \|(.*)\|$", readme, re.M)
     assert [name for _, name, _, _ in rows] == NAMES
     assert [int(number) for number, _, _, _ in rows] == [number_of(name) for name in NAMES]
-    chapters = {int(n) for *_, rest in rows for n in re.findall(r"\]\(\.\./(\d\d)_\w+\.ipynb\)", rest)}
-    assert chapters >= set(range(1, 13)), f"no exercise for chapters {sorted(set(range(1, 13)) - chapters)}"
+    named = {int(n) for *_, rest in rows for n in re.findall(r"\]\(\.\./(\d\d)_\w+\.ipynb\)", rest)}
+    every = set(range(1, len(chapters()) + 1))
+    assert named >= every, f"no exercise for chapters {sorted(every - named)}"
     for *_, rest in rows:
         for link in re.findall(r"\]\(\.\./(\d\d_\w+\.ipynb)\)", rest):
             assert (EXERCISES.parent / link).is_file(), link
@@ -610,6 +613,41 @@ def test_ex12_a_compressor_without_the_flush_holds_the_stream(tmp_path):
         assert not outcome[name]["passed"], name
     assert outcome["each event is readable right after its feed"]["message"].endswith("got 0 of 50")
     assert outcome["your compressor lets the stream flow"]["message"].endswith("got 1 read")
+
+
+@pytest.mark.notebook
+def test_ex13_follow_across_replicas(tmp_path):
+    assert_grading_can_fail("ex13_follow_across_replicas", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex13_ids_compared_as_text_lose_the_pieces_past_nine(tmp_path):
+    """The model answer with its ids compared as strings: '…-10' sorts before '…-9', and the checks say where."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(solution_for(notebook("ex13_follow_across_replicas")).read_text(encoding="utf-8").replace(
+        "entry_order(event_id) <= entry_order(last_id)", "event_id <= last_id"), encoding="utf-8")
+    result = grade_notebook(notebook("ex13_follow_across_replicas"), solution=wrong, out_dir=tmp_path)
+    failed = sorted(c["name"] for c in result["checks"] if not c["passed"])
+    assert "ids past -9 in one millisecond: every piece kept" in failed, failed
+    assert "every replica says 404: LookupError" not in failed and "a replica that starts over: each id once" not in failed
+
+
+@pytest.mark.notebook
+def test_ex14_six_connections(tmp_path):
+    assert_grading_can_fail("ex14_six_connections", tmp_path)
+
+
+@pytest.mark.notebook
+def test_ex14_one_limit_for_every_origin_is_caught(tmp_path):
+    """Six connections in all instead of six per origin: right for one origin, wrong for two."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(solution_for(notebook("ex14_six_connections")).read_text(encoding="utf-8").replace(
+        'frees.setdefault(stream["origin"], [])', 'frees.setdefault("every origin", [])'), encoding="utf-8")
+    result = grade_notebook(notebook("ex14_six_connections"), solution=wrong, out_dir=tmp_path)
+    outcome = {c["name"]: c for c in result["checks"]}
+    assert outcome["eight at once over HTTP/1.1: the 7th and 8th wait for the first two ends"]["passed"]
+    assert not outcome["four and four to two origins: none waits"]["passed"]
+    assert outcome["four and four to two origins: none waits"]["message"].endswith("1.2, 1.2]")
 
 
 @pytest.mark.notebook

@@ -3,9 +3,10 @@
 Each thing is said once, where it belongs:
 
 - a chapter's question is the chapter's own: the paragraph of its first cell
-  that starts ``**What this chapter asks:**`` or ``**The question:**`` (the
-  book shows its questions; a chapter without that paragraph, its opening
-  sentence);
+  that starts ``**What this chapter asks:**`` or ``**The question:**``, up
+  to its last question (a sentence after it is left out; one before it
+  stays, as the question may lean on it); a chapter without that paragraph,
+  its opening sentence;
 - what to read first is ``PREREQUISITES`` here, by file name, so a
   renumbering is caught by the tests instead of pointing at the wrong chapter;
 - the exercises come from the table of ``notebooks/exercises/README.md``
@@ -160,8 +161,11 @@ def _question(first_cell: str) -> tuple[str, bool]:
     """The chapter's question from its first cell, and whether the chapter states it as one."""
     asks = _ASKS.search(first_cell)
     if asks:
-        questions = [s for s in _sentences(asks.group(1)) if s.endswith("?")] or _sentences(asks.group(1))
-        text = " ".join(questions)
+        # From its first sentence to its last question: a question may lean on the sentence before it
+        # ("Eight streams from one page. Do they all stream at once?"), and cut from it, it says nothing.
+        sentences = _sentences(asks.group(1))
+        last = max((i for i, s in enumerate(sentences) if s.endswith("?")), default=len(sentences) - 1)
+        text = " ".join(sentences[:last + 1])
         return text[:1].upper() + text[1:], True
     paragraphs = [p for p in re.split(r"\n\s*\n", first_cell) if p.strip() and not p.lstrip().startswith("#")]
     return (_sentences(paragraphs[0])[0] if paragraphs else ""), False

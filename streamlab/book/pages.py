@@ -12,8 +12,18 @@ disk, with no server and no Jupyter:
   (images inlined), linked to the previous and the next chapter and to the
   contents;
 - ``exN_name.html``: each exercise's brief, linked to its chapters;
+- ``glossary.html``: every term a chapter defines (``<dfn id="...">``), the
+  sentence that defines it, linked to that place (``streamlab.book.glossary``);
+- ``checklist.html``: the production checklist, every fix the chapters
+  measure, hop by hop along the path (``streamlab.book.checklist``);
+- ``report.html`` and the figures it links (``figures/``): the run's
+  one-page report, copied in, so the folder zipped is the whole book;
 - ``style.css``: the pages' one stylesheet (the book's palette,
   ``streamlab.book.style``).
+
+A code cell tagged ``hide-input`` (the prose it computes, the table it
+shapes) shows its output with its code folded under a "code" summary: the
+page shows the idea, and the plumbing is one click away.
 
 Links between notebooks (``../07_persisting_partial_answers.ipynb``) become
 links between pages; a link to another file of the repository is rewritten
@@ -36,10 +46,14 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from streamlab.lab.results.records import BUILD, NOTEBOOKS
+from streamlab.book.checklist import render_checklist
 from streamlab.book.contents import ChapterInfo, ExerciseRow, chapter_info, exercise_rows, exercises_by_chapter
+from streamlab.book.glossary import glossary, render_glossary
 from streamlab.book.grading import exercises
 from streamlab.book.notebooks import chapters
+from streamlab.book.path_picture import path_picture
 from streamlab.book.style import BLUE, EMOJI_FONTS, GREY, ORANGE
+from streamlab.book.wording import plural
 from streamlab.net.errors import ArgumentParser, UserError
 
 __all__ = ["build_book", "main", "page_name"]
@@ -75,6 +89,28 @@ h1:hover .anchor-link, h2:hover .anchor-link, h3:hover .anchor-link {{ visibilit
 .rendered_html table, .dataframe {{ border-collapse: collapse; }}
 .dataframe td, .dataframe th {{ padding: 0.2em 0.6em; text-align: right; }}
 .prompt {{ display: none; }}
+details.hidden-input > summary {{ color: {GREY}; font-size: 0.85em; cursor: pointer; margin: 0.4em 0 0.1em; }}
+details.hidden-input[open] > summary {{ margin-bottom: 0; }}
+dfn {{ font-style: normal; font-weight: 600; }}
+:target {{ background: #fff3d6; }}
+dl.glossary dt {{ font-weight: 600; margin-top: 0.8em; }}
+dl.glossary dt.letter {{ font-size: 1.3em; color: {GREY}; border-bottom: 1px solid #ddd; margin-top: 1.2em; }}
+dl.glossary dd {{ margin: 0.2em 0 0 1.2em; }}
+ul.checklist li {{ margin: 0.3em 0; }}
+figure.path {{ margin: 1em 0; }}
+"""
+
+# The basic template, with the input of a hide-input cell folded under a summary (its outputs stay open).
+TEMPLATE = """{%- extends 'index.html.j2' -%}
+{% block input_group -%}
+{%- if 'hide-input' in cell.metadata.get('tags', []) -%}
+<details class="hidden-input"><summary>code</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock input_group %}
 """
 
 
@@ -131,9 +167,12 @@ class Renderer:
     """nbconvert's HTML of cells, without prompts or papermill's injected cell (one exporter for every page)."""
 
     def __init__(self) -> None:
+        from jinja2 import DictLoader
         from nbconvert import HTMLExporter
 
-        self.exporter = HTMLExporter(template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True)
+        self.exporter = HTMLExporter(template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True,
+                                     extra_loaders=[DictLoader({"streamlab_book.html.j2": TEMPLATE})],
+                                     template_file="streamlab_book.html.j2")
 
     def body(self, nb: Any) -> str:
         nb.cells = [c for c in nb.cells if not DROPPED_TAGS & set(c.get("metadata", {}).get("tags", []))]
@@ -154,6 +193,7 @@ def _nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None, where: str) 
     left = f'<a href="{esc(prev[0])}" rel="prev">&larr; {esc(prev[1])}</a>' if prev else ""
     right = f'<a href="{esc(nxt[0])}" rel="next">{esc(nxt[1])} &rarr;</a>' if nxt else ""
     return (f'<nav class="{where}"><span class="prev">{left}</span><span class="up"><a href="index.html">Contents</a>'
+            ' · <a href="glossary.html">Glossary</a> · <a href="checklist.html">Checklist</a>'
             f'</span><span class="next">{right}</span></nav>')
 
 
@@ -243,9 +283,48 @@ def build_book(out: Path = BUILD, *, source: Path = NOTEBOOKS) -> Path:
         (book / page_name(nb.stem)).write_text(_page(f"Exercise {row.number or nb.stem} · streamlab", text),
                                                encoding="utf-8")
 
+    def place(term: Any) -> str:  # where the chapter defines it; a chapter not in this run: its row of the index
+        return f"{page_name(term.stem)}#{term.slug}" if term.stem in pages else f"index.html#{term.stem}"
+
+    def label(stem: str) -> str:
+        return _chapter_label(infos[stem]) if stem in infos else stem
+
+    terms = glossary(built.get(nb.stem, nb) for nb in order)
+    _extra_page(book, "glossary.html", "Glossary", links.rewrite(render_glossary(terms, place, label), source),
+                "Every term a chapter defines, with the sentence that defines it; each term leads to that place.")
+    _extra_page(book, "checklist.html", "A production checklist",
+                render_checklist(lambda stem: _chapter_ref(stem, infos, pages) if stem in infos else
+                                 html.escape(f"chapter {int(stem[:2])}")),
+                "Every fix the chapters measure, one line each, at the hop where it goes; each names the chapter that"
+                " shows why.")
+    report = _copy_report(out, book)
     index = book / "index.html"
-    index.write_text(_index(out, order, infos, pages, timings, briefs, rows), encoding="utf-8")
+    index.write_text(_index(out, order, infos, pages, timings, briefs, rows, report=report, terms=len(terms)),
+                     encoding="utf-8")
     return index
+
+
+def _extra_page(book: Path, name: str, title: str, body: str, about: str) -> None:
+    nav = _nav(None, None, "top")
+    text = "\n".join([nav, f"<main><h1>{html.escape(title)}</h1>", f'<p class="meta">{html.escape(about)}</p>', body,
+                      "</main>", _nav(None, None, "bottom")])
+    (book / name).write_text(_page(f"{title} · streamlab", text), encoding="utf-8")
+
+
+def _copy_report(out: Path, book: Path) -> bool:
+    """The run's report into the book, with the figures it links: the folder zipped is then the whole book."""
+    report = out / "report.html"
+    if not report.is_file():
+        return False
+    shutil.copy2(report, book / "report.html")
+    figures = out / "figures"
+    if figures.is_dir():
+        for image in figures.glob("*/*"):
+            if image.suffix in {".png", ".svg"}:
+                target = book / "figures" / image.parent.name / image.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(image, target)
+    return True
 
 
 def _number(stem: str) -> str:
@@ -285,7 +364,7 @@ def _exercise_about(notebook: Path, row: ExerciseRow, infos: dict[str, ChapterIn
 
 
 def _index(out: Path, order: list[Path], infos: dict[str, ChapterInfo], pages: set[str], timings: dict[str, Any],
-           briefs: list[Path], rows: dict[str, ExerciseRow]) -> str:
+           briefs: list[Path], rows: dict[str, ExerciseRow], *, report: bool = False, terms: int = 0) -> str:
     esc = html.escape
     seconds = timings.get("chapters") or {}
     timed = [seconds[nb.stem] for nb in order if nb.stem in seconds]
@@ -293,15 +372,19 @@ def _index(out: Path, order: list[Path], infos: dict[str, ChapterInfo], pages: s
                f" on {timings.get('cpus', '?')} CPU cores ({len(timed)} chapters in {_duration(sum(timed))});"
                " on another machine, or a busier one, they move, often by a third." if timed else
                "No timings were recorded (build/results/timings.json is missing).")
-    report = (' A one-page summary of the same run, each chapter\'s headline and key figure:'
-              ' <a href="../report.html">report.html</a>.' if (out / "report.html").is_file() else "")
+    summary = (' A one-page summary of the same run, each chapter\'s headline and key figure:'
+               ' <a href="report.html">report.html</a>.' if report else "")
     parts = [
         "<h1>streamlab: the book</h1>",
         f'<p class="meta">Written {esc(time.strftime("%Y-%m-%d %H:%M"))} from the executed chapters in'
-        f" <code>{esc(out.name)}/notebooks/</code>. Every figure and table is the one this run measured.{report}</p>",
+        f" <code>{esc(out.name)}/notebooks/</code>. Every figure and table is the one this run measured.{summary}</p>",
         "<p>How a language model's text reaches a reader, measured against a real model. Read the chapters in"
         " this order: each names what to read first. Each exercise has its brief here; the notebook to work in"
         " comes with the exercises.</p>",
+        f'<figure class="path">{path_picture().svg}<figcaption class="meta">Every hop between the model and the'
+        " reader can hold a stream back, cut it or replay it; each chapter measures one or two of them. The fixes, hop"
+        ' by hop: <a href="checklist.html">the production checklist</a>. What each term means, where a chapter'
+        f' defines it: <a href="glossary.html">the glossary</a> ({esc(plural(terms, "term"))}).</figcaption></figure>',
         f'<p class="meta">{machine}</p>',
         '<table class="contents"><tr><th>Chapter</th><th>What it asks</th><th>Ran in</th><th>Read first</th>'
         "<th>Exercise</th></tr>",
