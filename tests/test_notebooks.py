@@ -206,6 +206,10 @@ def test_01_split_characters(tmp_path):
     assert f["flush_holds_fragment"] is True
     assert f["model_incremental_broken"] == 0
     assert f["model_joined_equal"] is True
+    # The hold bound: a split character was held (the parrot, three tokens), never past the bound; in a vocabulary
+    # with no token that ends one character and begins the next (SmolLM2's), four tokens always complete one.
+    assert 2 <= f["longest_hold"] <= f["hold_bound"] == 4
+    assert f["straddling_tokens"] is None or f["straddling_tokens"] >= 0
 
 
 def test_02_three_ways(tmp_path):
@@ -277,6 +281,7 @@ def test_04_the_reader(book_of_3_and_4):
     for row in f["waits"]:
         assert row["wait, streaming (s)"] < row["wait, no streaming (s)"]
         assert row["time to read it (s)"] == pytest.approx(row["words"] / (300 / 60))  # read at wpm, not a constant
+        assert row["tokens (about)"] == round(row["words"] * f["tokens_per_word"])  # whole tokens, not 58.26
 
 
 def test_05_when_the_user_leaves(tmp_path):
@@ -322,6 +327,8 @@ def test_06_the_proxy(tmp_path):
     assert honor["first_event"] < honor["end"] / 2
     direct = paths["direct"]
     assert direct["first_event"] < direct["end"] / 2
+    # The reader's longest silence tells the two apart: through the buffering hop it is the whole wait.
+    assert buffering["longest_silence"] >= 0.9 * buffering["end"] > direct["longest_silence"]
     assert f["idle_died_without_pings"] is True
     assert f["idle_survived_with_pings"] is True
     if os.environ.get("CI") or find_nginx():
@@ -369,6 +376,13 @@ def test_07_persisting_partial_answers(tmp_path):
     assert f["marker_in_history"] is True
     assert f["interrupted_chars"] > 0
     assert f["by_reason"]["interrupted"] >= 1
+    # What the kill lost is measured: what the model had made by its last look, what the restarted server kept.
+    crash = f["crash"]
+    assert crash["writes seen"] >= 2 and crash["tokens kept"] > 0
+    assert crash["tokens lost"] == max(crash["tokens made by the kill"] - crash["tokens kept"], 0)
+    if crash["last write seen"]:  # else a write came between the last look and the kill, with more than it saw
+        assert crash["tokens kept"] <= crash["tokens made by the kill"]
+    assert 0 <= crash["last write before the kill (s)"] < crash["watched for (s)"]
 
 
 def test_08_reconnect_and_resume(tmp_path):
@@ -382,6 +396,7 @@ def test_08_reconnect_and_resume(tmp_path):
     assert naive["tokens generated in all"] >= 1.8 * f["reference_tokens"]
     es = {r["server"]: r for r in f["eventsource"]}
     assert es["keeps events"]["stopped by 204"] is True and es["keeps events"]["connections"] == 2
+    assert es["keeps events"]["statuses, in order"] == [200, 204]
     assert es["--forget"]["connections"] == 3 and es["--forget"]["stopped by 204"] is False
     assert es["--forget"]["tokens generated"] >= 2 * 6
 
@@ -414,6 +429,13 @@ def test_09_a_stranger_at_the_door(tmp_path):
     assert sorted(r["ahead on arrival"] for r in bigger if r["ahead on arrival"] is not None) == list(range(12 - MAX_ACTIVE))
     if f["cross_site"] is not None:  # Chromium present: nothing the hostile page sent was generated or stored
         assert f["cross_site_generated"] == 0 and f["cross_site_stored"] == 0
+    # The crowd's table, as shown: the median and the slowest reader's time per token, per server and crowd.
+    summary = {(r["server"], r["readers"]): r for r in f["crowd_summary"]}
+    assert set(summary) == {(r["server"], r["readers"]) for r in f["crowd"]}
+    for row in summary.values():
+        assert row["served"] + row["refused"] == row["readers"]
+        median, slowest = row["time per token, median reader (s)"], row["time per token, slowest reader (s)"]
+        assert median is None or median <= slowest
 
 
 def test_10_the_formats_people_actually_use(tmp_path):
@@ -484,6 +506,8 @@ def test_11_serving_many_readers(tmp_path):
     quick = QUICK["11_serving_many_readers"]
     assert len(f["ttft_extras_ms"]) == quick["overhead_rounds"]
     assert f["batched_tpot_s"] * 1e3 == pytest.approx(load[("batched", max(quick["load_concurrency"]))]["TPOT p50 (ms)"])
+    # ...and the batch's other pace, the median gap (what chapter 9 reports), beside it
+    assert f["batched_gap_p50_s"] * 1e3 == pytest.approx(load[("batched", max(quick["load_concurrency"]))]["gap p50 (ms)"])
     assert all(r["complete"] == f"{n}/{n}" for (_, n), r in load.items())
     policies = {r["policy"]: r for r in f["backpressure_table"]}
     assert set(policies) == {"unbounded", "bounded", "bounded_timeout"}
@@ -536,6 +560,8 @@ def test_12_what_else_sits_between(tmp_path):
     assert bills["asynchronous: POST + worker"]["billed (s)"] < bills["held-open stream"]["billed (s)"]
     # ... and the worker is billed for the generation: at least the average of them (the longest ran on it)
     assert bills["asynchronous: POST + worker"]["billed (s)"] >= f["generated_s"] / bills["asynchronous: POST + worker"]["answers"]
+    # ...while its readers' subscriptions are held open on the stream service, outside the platform's bill
+    assert all(b["streams held open (s)"] > 0 for b in bills.values())
     assert f["same_text"]
     if f["have_nginx"]:
         assert p["nginx gzip, ignores X-Accel-Buffering"]["first_event"] == p["nginx gzip, ignores X-Accel-Buffering"]["end"]
@@ -635,6 +661,7 @@ def test_14_many_streams_in_one_browser(tmp_path):
         pytest.skip("no Chromium here: the chapter measured nothing")
     if os.environ.get("CI") or find_nginx():
         assert f["have_nginx"], "CI installs nginx and openssl: the HTTP/2 path must run"
+        assert f["nginx_version"], "the chapter says which nginx it configured, and how HTTP/2 is spelt for it"
     paths = f["paths"]
     assert set(paths) == ({DIRECT, HTTP1_TLS, HTTP2_TLS} if f["have_nginx"] else {DIRECT})
     for label in (DIRECT, HTTP1_TLS) if f["have_nginx"] else (DIRECT,):

@@ -15,6 +15,7 @@ foreground (``daemon off``) so that the process we start is the one we stop.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,6 +33,7 @@ __all__ = [
     "NginxProcess",
     "NginxUnavailable",
     "find_nginx",
+    "nginx_version",
     "run_nginx",
     "write_config",
 ]
@@ -39,6 +41,10 @@ __all__ = [
 START_TIMEOUT = 10.0
 # With ``cache=True`` every response says what the cache did: HIT, MISS, BYPASS, EXPIRED...
 CACHE_STATUS = "X-Cache-Status"
+# nginx 1.25.1 turned HTTP/2 from a parameter of ``listen`` (``listen ... ssl http2;``, deprecated from then on, with a
+# warning) into a directive of its own, ``http2 on;``, which applies to a whole server block. Debian 12 ships 1.22.
+HTTP2_DIRECTIVE_SINCE = (1, 25, 1)
+_HTTP2_LISTEN = re.compile(r"^[ \t]*listen[ \t]+(\S+)[ \t]+ssl[ \t]+http2[ \t]*;[ \t]*\n?", re.M)
 
 
 class NginxUnavailable(RuntimeError):
@@ -54,6 +60,37 @@ def find_nginx() -> str | None:
     return find_program("nginx", "/usr/local/nginx/sbin/nginx")
 
 
+def nginx_version(binary: str | None = None) -> tuple[int, ...] | None:
+    """The installed nginx's version from ``nginx -v`` (which writes it to stderr): ``(1, 22, 1)``; None without one."""
+    binary = binary or find_nginx()
+    if binary is None:
+        return None
+    try:
+        said = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=START_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"nginx/(\d+)\.(\d+)\.(\d+)", said.stderr + said.stdout)
+    return tuple(int(part) for part in found.groups()) if found else None
+
+
+def _http2_servers(extra: str, version: tuple[int, ...] | None) -> tuple[str, str]:
+    """``extra`` for the main server, and the lines of a server block of its own for HTTP/2 ('' for none).
+
+    An nginx older than 1.25.1 (or of a version not known) spells HTTP/2 on
+    one port as ``listen ADDRESS ssl http2;``, and ``extra`` stays as it is.
+    From 1.25.1, ``http2 on;`` turns HTTP/2 on for every ``listen`` of its
+    server, so each such line moves into a server of its own, with that
+    directive and the rest of ``extra`` (the certificate and its key):
+    beside a ``listen`` meant for HTTP/1.1 alone it would offer h2 there too.
+    """
+    if version is None or tuple(version) < HTTP2_DIRECTIVE_SINCE or not _HTTP2_LISTEN.search(extra):
+        return extra, ""
+    addresses = _HTTP2_LISTEN.findall(extra)
+    rest = _HTTP2_LISTEN.sub("", extra)
+    shared = [line for line in textwrap.dedent(rest).strip().splitlines() if not line.strip().startswith("listen")]
+    return rest, "\n".join([*(f"listen {address} ssl;" for address in addresses), "http2 on;", *shared])
+
+
 def write_config(
     folder: Path,
     listen_port: int,
@@ -63,6 +100,7 @@ def write_config(
     extra: str = "",
     location: str = "",
     cache: bool = False,
+    version: tuple[int, ...] | None = None,
 ) -> Path:
     """Write ``folder/nginx.conf``: nginx's defaults, proxying 127.0.0.1:listen_port to the upstream.
 
@@ -84,6 +122,11 @@ def write_config(
     When we run as root, the master process would hand the work to a worker
     running as ``nobody``, which cannot write our private folder: ``user
     root`` keeps it ours.
+
+    ``version`` is the nginx that will read the file (``nginx_version()``):
+    from 1.25.1 a ``listen ... ssl http2;`` line of ``extra`` is written the
+    way that nginx asks for, ``http2 on;`` in a server of its own with the
+    same locations (see ``_http2_servers``).
     """
     folder = Path(folder).resolve()
     user = "user root;\n" if os.geteuid() == 0 else ""
@@ -100,6 +143,19 @@ def write_config(
         # nginx would send "Host: replicas", the block's name, which no server knows itself by: pass the client's
         # (in each location: one that sets any header of its own inherits none from the server block).
         host = "\n            proxy_set_header Host $host;"
+    extra, http2 = _http2_servers(extra, version)
+    locations = f"""
+        location / {{
+            proxy_pass {upstream};{host}{setting}
+        }}
+
+        location /ws {{
+            proxy_pass {upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";{host}
+        }}"""
+    second = f"\n\n    server {{{_indent(http2, 8)}\n{locations}\n    }}" if http2 else ""
     config = f"""\
 # Written by streamlab.hops.nginx: nginx defaults, everything inside {folder}.
 daemon off;
@@ -126,18 +182,8 @@ http {{
 
     server {{
         listen 127.0.0.1:{listen_port};
-
-        location / {{
-            proxy_pass {upstream};{host}{setting}
-        }}
-
-        location /ws {{
-            proxy_pass {upstream};
-            proxy_http_version 1.1;
-            proxy_set_header Upgrade $http_upgrade;
-            proxy_set_header Connection "upgrade";{host}
-        }}{_indent(extra, 8)}
-    }}
+{locations}{_indent(extra, 8)}
+    }}{second}
 }}
 """
     path = folder / "nginx.conf"
@@ -203,7 +249,7 @@ def run_nginx(
     try:
         port = port or free_port()
         config = write_config(folder, port, upstream_port, buffering=buffering, extra=extra, location=location,
-                              cache=cache)
+                              cache=cache, version=nginx_version(binary))
         # -e: the error log before the configuration is read; the compiled-in
         # default (/var/log/nginx) may not be writable.
         base = [binary, "-p", f"{folder}/", "-c", str(config), "-e", str(folder / "error.log")]

@@ -7,6 +7,7 @@ Five packages, each importing only those below it (tests/test_layers.py checks i
         wire_shown.py        the raw wire: an event stream as it arrives, a WebSocket upgrade and its frames (2)
         wire_cost.py         what one piece costs on the wire in each format, and what its size shows (3)
         hang_up.py           a /complete reader who hangs up: what the server goes on making (5)
+        crash_loss.py        an answer's writes to its database watched up to a kill -9: what the crash lost (7)
         vanished.py          a reader whose network vanishes mid-answer, in a namespace of its own (5)
         sse_or_websocket.py  nginx's defaults against each, a drop, a stop mid-answer (6)
         browser_readers.py   what EventSource, fetch and WebSocket send from a page (headers, cookies, Origin) (6)

@@ -28,8 +28,11 @@ from typing import Any, Callable, Sequence
 
 REPLACEMENT = "\ufffd"
 # A UTF-8 character is at most 4 bytes and every token carries at least one,
-# so a split character can need at most 3 tokens of waiting. Holding back
-# longer means the model really produced U+FFFD or invalid bytes: send it.
+# so four held tokens always complete the character that was open when the
+# hold began. The count runs from the last piece sent, so in a vocabulary with
+# tokens that end one character and begin the next, four can end inside the
+# next one (SmolLM2's has none: chapter 1 counts them). Holding back longer
+# means the model really produced U+FFFD or invalid bytes: send it.
 MAX_HOLD_TOKENS = 4
 # How many of the prompt's last tokens to keep as context for the first piece.
 PRIME_TOKENS = 6

@@ -53,7 +53,8 @@ __all__ = [
 HEAD_WHY = {
     "content-type": "what makes the body an event stream: a browser's EventSource refuses any other type, "
                     "and the charset says the lines are UTF-8",
-    "cache-control": "no-cache and no-store: no cache may keep the stream or replay it to another reader; "
+    "cache-control": "no-store: no cache may keep a copy of the stream (no-cache alone would let one store it and "
+                     "serve it again after checking back with the server); "
                      "no-transform: no hop may rewrite it (a gzip middleware would buffer it into one late block)",
     "x-accel-buffering": "nginx's own header: pass each write on at once instead of filling a buffer first "
                          "(chapter 6 measures what happens without it)",

@@ -275,8 +275,10 @@ class Registry:
 
         A reader that reconnects with ``Last-Event-ID: N`` (an EventSource does
         so by itself after a drop) gets the events after N; nothing is
-        generated again. One that already had the last event gets ``204``, the
-        only answer that stops an EventSource from reconnecting for ever. With
+        generated again. One that already had the last event gets ``204``: any
+        status but 200 stops an EventSource from reconnecting (204 is the one
+        the HTML standard names for it; web-platform-tests check 204, 205, 404
+        and 503 alike), and 204 says so without calling it an error. With
         ``--forget`` nothing was kept: every reader gets a new generation,
         tied to its connection, and never a 204. True: the connection may carry another request (a 204 only).
         """
