@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from streamlab.book.plots import _stream_rows
 from streamlab.book.replica_plots import received_through_a_kill
 from streamlab.book.style import GREY, THRESHOLD_STYLE, _axes, _seconds, _threshold_legend_name, color_of, figure
 from streamlab.client.metrics import READING_THRESHOLD
@@ -122,17 +123,8 @@ def hop_timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When 
     row, so no row's label can run into the next one's.
     """
     ax = _axes(ax, 1.0 + 0.42 * len(rows))
-    ends = {label: trace.end or max([e.t for e in trace.events if e.kind == "text"] or [0]) for label, trace in rows.items()}
-    span = max([*ends.values(), 1e-9])
-    for i, (label, trace) in enumerate(rows.items()):
-        y = len(rows) - 1 - i
-        color = color_of(label, i)
-        times = [e.t for e in trace.events if e.kind == "text" and e.text]
-        end = ends[label]
-        ax.hlines(y, 0, end, color=color, alpha=0.25, linewidth=7)
-        ax.vlines(times, y - 0.3, y + 0.3, color=color, linewidth=1)
-        if times:
-            ax.plot([times[0]], [y], marker="o", color=color, markersize=6)
+    span, drawn = _stream_rows(ax, rows)  # the rows as plots.timeline draws them; only the labels differ
+    for y, color, times, end in drawn:
         if not times:
             said = f"no text, end {_seconds(end)}"
         elif abs(end - times[0]) < 0.02 * span:

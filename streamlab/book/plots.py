@@ -82,6 +82,22 @@ _FLOOR_MS = 1.0  # gaps shorter than this (pieces read together: a buffered burs
 # -- timelines and time to first text -----------------------------------------------------------
 
 
+def _stream_rows(ax: Any, rows: Mapping[str, Any]) -> tuple[float, list[tuple[int, Any, list[float], float]]]:
+    """Each trace of ``rows`` (label -> ``events``, ``end``) as a row, top down: a bar to its end, a tick at each
+    text event, a dot at the first. The longest end, and each row's ``(y, colour, text times, end)`` to label."""
+    ends = {label: trace.end or max([e.t for e in trace.events if e.kind == "text"] or [0]) for label, trace in rows.items()}
+    drawn = []
+    for i, (label, trace) in enumerate(rows.items()):
+        y, color = len(rows) - 1 - i, color_of(label, i)
+        times = [e.t for e in trace.events if e.kind == "text" and e.text]
+        ax.hlines(y, 0, ends[label], color=color, alpha=0.25, linewidth=8)
+        ax.vlines(times, y - 0.3, y + 0.3, color=color, linewidth=1)
+        if times:
+            ax.plot([times[0]], [y], marker="o", color=color, markersize=7)
+        drawn.append((y, color, times, ends[label]))
+    return max([*ends.values(), 1e-9]), drawn
+
+
 def timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When each piece of text arrived",
              ylabel: str = "stream") -> Any:
     """One row per way of delivering: a tick at each text arrival, a bar up to the end.
@@ -89,22 +105,13 @@ def timeline(rows: Mapping[str, Any], *, ax: Any = None, title: str = "When each
     ``rows`` maps a label to a Trace (anything with ``events`` and ``end``).
     """
     ax = _axes(ax, 1.2 + 0.75 * len(rows))
-    ends = {label: trace.end or max([e.t for e in trace.events if e.kind == "text"] or [0]) for label, trace in rows.items()}
-    span = max([*ends.values(), 1e-9])
+    span, drawn = _stream_rows(ax, rows)
 
     def note(text: str, x: float, y: float, color: str, va: str = "bottom") -> None:
         # Written from the point towards the middle, so a note near either edge stays inside the axes.
         ax.annotate(text, (x, y), fontsize=8, color=color, va=va, ha="left" if x < 0.5 * span else "right")
 
-    for i, (label, trace) in enumerate(rows.items()):
-        y = len(rows) - 1 - i
-        color = color_of(label, i)
-        times = [e.t for e in trace.events if e.kind == "text" and e.text]
-        end = ends[label]
-        ax.hlines(y, 0, end, color=color, alpha=0.25, linewidth=8)
-        ax.vlines(times, y - 0.3, y + 0.3, color=color, linewidth=1)
-        if times:
-            ax.plot([times[0]], [y], marker="o", color=color, markersize=7)
+    for y, color, times, end in drawn:
         if times and abs(end - times[0]) < 0.02 * span:
             note(f"first text = end: {_seconds(times[0])}", times[0], y + 0.34, color)
         else:

@@ -16,11 +16,11 @@ want from it).
 from __future__ import annotations
 
 import socketserver
-import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from streamlab.lab.outside.headless import wait_for
+from streamlab.lab.setups.runner import serving_in_thread
 from streamlab.protocol.http_head import parse_request_head
 
 if TYPE_CHECKING:
@@ -86,15 +86,8 @@ class _Handler(socketserver.BaseRequestHandler):
 @contextmanager
 def recording_server() -> Iterator[_Recorder]:
     """The page's server on a free port of 127.0.0.1 (``.server_address``), keeping each path's first request head."""
-    server = _Recorder()
-    thread = threading.Thread(target=server.serve_forever, name="streamlab-reader-recorder", daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(_Recorder(), "streamlab-reader-recorder") as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def reader_rows(driver: Chrome, timeout: float = 20.0) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from streamlab.client.timed import create_generation_sync, get_json_sync
 from streamlab.hops import tls
 from streamlab.hops.nginx import run_nginx
 from streamlab.lab.setups import runner
-from streamlab.lab.outside.headless import chromium, wait_for
+from streamlab.lab.outside.headless import chromium, responses_received, wait_for
 from streamlab.net.processes import free_port
 
 if TYPE_CHECKING:
@@ -157,17 +157,9 @@ def open_streams(driver: "Chrome", origin: str, paths: Sequence[str], *, timeout
 
 def connections_of(entries: list[dict]) -> dict[str, tuple[str | None, int | None]]:
     """Chromium's performance-log entries → each response's URL: (protocol, connection id)."""
-    carried: dict[str, tuple[str | None, int | None]] = {}
-    for entry in entries:
-        try:
-            message = json.loads(entry["message"])["message"]
-        except (KeyError, TypeError, ValueError):
-            continue
-        if message.get("method") == "Network.responseReceived":
-            response = message["params"]["response"]
-            connection = response.get("connectionId")
-            carried[response["url"]] = (response.get("protocol"), int(connection) if connection is not None else None)
-    return carried
+    return {response["url"]: (response.get("protocol"),
+                              int(response["connectionId"]) if response.get("connectionId") is not None else None)
+            for response in responses_received(entries)}
 
 
 def run_paths(

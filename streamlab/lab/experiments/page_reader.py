@@ -40,7 +40,7 @@ from streamlab.client.timed import wait_log_sync
 from streamlab.lab.experiments import page_scripts
 from streamlab.lab.experiments.page_server import PageServer, page_server
 from streamlab.lab.outside.node import openai_sdk
-from streamlab.lab.outside.headless import BrowserUnavailable, chromium, unavailable_reason, wait_for
+from streamlab.lab.outside.headless import BrowserUnavailable, chromium, responses_received, unavailable_reason, wait_for
 from streamlab.lab.setups import runner
 from streamlab.server.config import RETRY_MS
 
@@ -249,16 +249,7 @@ def failure_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def responses_of(entries: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
     """Chromium's performance-log entries -> every response the page got, in order: (URL, status)."""
-    found = []
-    for entry in entries:
-        try:
-            message = json.loads(entry["message"])["message"]
-        except (KeyError, TypeError, ValueError):
-            continue
-        if message.get("method") == "Network.responseReceived":
-            response = message["params"]["response"]
-            found.append((response["url"], int(response["status"])))
-    return found
+    return [(response["url"], int(response["status"])) for response in responses_received(list(entries))]
 
 
 def again_rows(results: dict[str, Any], responses: Sequence[tuple[str, int]], page_seen: dict[str, int],

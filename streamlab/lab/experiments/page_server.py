@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qsl
 
+from streamlab.lab.setups.runner import serving_in_thread
 from streamlab.protocol import sse
 from streamlab.protocol.http_body import LAST_CHUNK, encode_chunk
 from streamlab.protocol.http_head import parse_request_head, response_head
@@ -246,13 +247,5 @@ class _Handler(socketserver.BaseRequestHandler):
 @contextmanager
 def page_server(npm_folder: Path | None = None) -> Iterator[PageServer]:
     """The page's server on a free port of 127.0.0.1 (``.url``), serving ``npm_folder``'s packages; stopped after."""
-    server = PageServer(npm_folder)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              name="streamlab-page-server", daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(PageServer(npm_folder), "streamlab-page-server", poll_interval=0.05) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)

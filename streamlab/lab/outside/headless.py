@@ -11,6 +11,7 @@ missing, ``unavailable_reason`` says why, so a test can skip instead of fail.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ __all__ = [
     "BrowserUnavailable",
     "chromium",
     "find_chromium",
+    "responses_received",
     "unavailable_reason",
     "wait_for",
 ]
@@ -156,3 +158,17 @@ def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def responses_received(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chromium's performance-log entries (``goog:loggingPrefs`` ``performance``) -> the response of every
+    ``Network.responseReceived`` in order: its ``url``, ``status``, ``protocol``, ``connectionId``..."""
+    found = []
+    for entry in entries:
+        try:
+            message = json.loads(entry["message"])["message"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if message.get("method") == "Network.responseReceived":
+            found.append(message["params"]["response"])
+    return found

@@ -416,6 +416,21 @@ def _start_together(commands: dict[str, list[str]], name: str) -> dict[str, Any]
         return dict(zip(futures, all_started(futures.values())))
 
 
+@contextmanager
+def serving_in_thread(server: Any, name: str, poll_interval: float = 0.5) -> Iterator[Any]:
+    """A ``socketserver`` server (an experiment's page server, a recorder) served by a daemon thread of this
+    process while inside; shut down, closed and its thread joined on the way out."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval}, name=name,
+                              daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 # What a warm starter imports before its first fork: the command line, the server, the worker, and the model's code.
 WARM_PRELOAD = ("streamlab.cli", "streamlab.server.command", "streamlab.server.resources.worker",
                 "streamlab.model.loading:preload_code")
