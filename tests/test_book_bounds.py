@@ -138,3 +138,19 @@ def test_every_chapter_opens_checks_and_ends_in_one_voice():
     problems = {nb.stem: voice_problems(nb) for nb in chapters()}
     problems = {stem: said for stem, said in problems.items() if said}
     assert not problems, "\n".join(f"{stem}: {'; '.join(said)}" for stem, said in problems.items())
+
+
+def test_every_chapter_shows_the_path_with_its_own_hop_marked():
+    """The one picture of the path (book/path_picture.py), right under each chapter's opening, its hop marked."""
+    import ast
+    import json
+
+    from streamlab.book.notebooks import chapters
+    from streamlab.book.path_picture import HOPS, hop_named
+
+    for notebook in chapters():
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        shown = "".join(cells[1]["source"])
+        assert "path_picture(marked=" in shown and "hide-input" in cells[1]["metadata"].get("tags", []), notebook.name
+        marked = ast.literal_eval(shown.split("path_picture(marked=", 1)[1].split(")", 1)[0] + ")")  # a tuple of names
+        assert marked and all(hop_named(name) in {hop for hop, _ in HOPS} for name in marked), notebook.name
