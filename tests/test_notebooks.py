@@ -216,8 +216,10 @@ def test_02_three_ways(tmp_path):
     f = run_chapter("02_three_ways", tmp_path)
     ways = f["ways"]
     assert f["complete_first_equals_end"] is True
-    for way in ("stream", "ws"):  # the first text early in a streamed answer, where /complete's is its end
-        assert ways[way]["first text (s)"] < ways[way]["end (s)"] / 4, way
+    # The first text early in a streamed answer, where /complete's is its end: within the answer's first half. (A
+    # quarter held on a quiet machine; a clean-clone run beside another suite and a book had the WebSocket's at 0.44.)
+    for way in ("stream", "ws"):
+        assert ways[way]["first text (s)"] < ways[way]["end (s)"] / 2, way
     assert f["same_text"] is True
     # Streaming costs bytes: /complete is the cheapest per byte of text, SSE the dearest.
     assert ways["complete"]["ratio"] < ways["ws"]["ratio"] < ways["stream"]["ratio"]
