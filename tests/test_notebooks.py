@@ -261,8 +261,9 @@ def test_03_bytes_on_the_wire(book_of_3_and_4):
     # OpenAI's obfuscation filler: dearer than none, and its sizes name a length less often than the plain chunk's.
     leak = {r["scheme"]: r for r in f["leak"]}
     chunk, filled = leak["OpenAI chat.completion.chunk"], leak["OpenAI chunk with its obfuscation field"]
+    # Three figures each rounded to a tenth (the table's): their difference may be off by up to 0.15.
     assert filled["bytes per event"] > chunk["bytes per event"] == pytest.approx(filled["bytes per event"]
-                                                                                 - f["obfuscation_bytes_added"], abs=0.1)
+                                                                                 - f["obfuscation_bytes_added"], abs=0.151)
     assert f["obfuscation_bytes_added"] > 0 and f["obfuscation_cost"] > 1.0
     assert f["names_length_chunk"] == f["recoverable_plain"]  # the chunk, like our event, is its text plus a constant
     assert f["names_length_obfuscated"] < f["names_length_chunk"] and filled["distinct sizes"] > chunk["distinct sizes"]
@@ -643,9 +644,10 @@ def test_13_more_than_one_server(tmp_path):
     # a SIGKILL may take the file's last second (a loaded AVX2 clean-clone run lost one). The continuation makes them
     # again after the kept ones, and the reader, resuming after an id the restarted Redis no longer has, reads every
     # event the continuation wrote: the lost ones twice. The chapter says how many.
-    kept, lost = o["rest_end"]["kept_tokens"], o["lost_events"]
-    assert kept + lost == o["reader_text_events"] >= quick["kill_after"]
-    assert o["rest_text_events"] == quick["max_tokens"] - kept and o["rest_end"]["tokens"] == quick["max_tokens"]
+    # (Redis may also have kept events the reader had not read yet: it resumes after its own last one.)
+    kept, lost, had = o["rest_end"]["kept_tokens"], o["lost_events"], o["reader_text_events"]
+    assert lost == max(0, had - kept) and had > 0
+    assert o["rest_text_events"] == quick["max_tokens"] - had + lost and o["rest_end"]["tokens"] == quick["max_tokens"]
     assert o["answer_whole"] if lost == 0 else not o["answer_whole"]
     cost = f["cost"]
     assert cost["rounds"] == quick["bench_rounds"] and 2.0 <= cost["round_trips"]["median"] < 2.2

@@ -201,11 +201,11 @@ class ClientConnection:
         """
         transport = self.writer.transport
         if transport.is_closing():
-            raise ClientGone(WRITE_FAILED)
+            raise ClientGone(self._why_closed())
         self.writer.write(data)
         if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[0]:
             if transport.is_closing():
-                raise ClientGone(WRITE_FAILED)
+                raise ClientGone(self._why_closed())
             self.bytes_sent += len(data)
             return
         try:
@@ -216,6 +216,15 @@ class ClientConnection:
         except ConnectionError:
             raise ClientGone(WRITE_FAILED) from None
         self.bytes_sent += len(data)
+
+    def _why_closed(self) -> str:
+        """Why a write found the transport closed: the kernel gave up on a silent peer (``ETIMEDOUT`` once
+        ``tune_socket``'s bounds ran out: ``CONNECTION_LOST``, whichever of the reader and the writer met it
+        first), else a write that failed."""
+        failed = self.reader.exception() if isinstance(self.reader, asyncio.StreamReader) else None
+        if self.lost == CONNECTION_LOST or (isinstance(failed, OSError) and not isinstance(failed, ConnectionError)):
+            return CONNECTION_LOST
+        return WRITE_FAILED
 
     @property
     def responding(self) -> bool:
