@@ -296,6 +296,9 @@ def test_05_when_the_user_leaves(tmp_path):
     watching = {r["case"]: r for r in f["rows"] if r["server"] == "watching"}
     assert len(watching) == 4
     for case, row in watching.items():
+        if row["made when it heard"] is None:  # it ran to its end before the goodbye came: nothing to stop
+            assert row["stop_reason"] == "max_tokens" and row["generated"] == f["max_tokens"], case
+            continue
         assert leave <= row["made when it heard"] and row["generated"] - row["made when it heard"] <= 2, case
     assert f["sse_naive"] == f["ws_close_naive"] == f["complete_naive"] == f["max_tokens"]
     assert f["complete_at_stop"] == watching[f"/complete, gives up after {leave} tokens"]["made when it heard"]
@@ -325,11 +328,12 @@ def test_06_the_proxy(tmp_path):
     buffering = paths[f["buffering_key"]]
     assert buffering["first_event"] >= 0.9 * buffering["end"]
     # Streaming means the first event well before the end; a buffered one comes at the end (≥ 0.9 of it). The
-    # first token alone is a few tenths of a second on a busy machine, so "well before" is before half of it.
+    # first token alone can take a second on the AVX2 kernels (1.01 s of a 1.79 s answer through --honor in a
+    # clean-clone run), so "well before" is before three quarters of it: still apart from the buffered 0.9.
     honor = paths["stand-in proxy, --honor"]
-    assert honor["first_event"] < honor["end"] / 2
+    assert honor["first_event"] < 0.75 * honor["end"]
     direct = paths["direct"]
-    assert direct["first_event"] < direct["end"] / 2
+    assert direct["first_event"] < 0.75 * direct["end"]
     # The reader's longest silence tells the two apart: through the buffering hop it is the whole wait.
     assert buffering["longest_silence"] >= 0.9 * buffering["end"] > direct["longest_silence"]
     assert f["idle_died_without_pings"] is True

@@ -387,19 +387,26 @@ class LeaveRows:
             "noticed by": noticed(r["noticed by"], never=DASH), "client left": either(r["client left"], "yes", "no"),
         } for r in self.rows])
 
-    def watched(self, prefix: str, column: str = "generated") -> int:
-        """The watching server's figure for the case that starts with ``prefix``."""
-        return int(next(r[column] for r in self.rows if r["server"] == "watching" and r["case"].startswith(prefix)))
+    def watched(self, prefix: str, column: str = "generated") -> int | None:
+        """The watching server's figure for the case that starts with ``prefix`` (None: "made when it heard" of an
+        answer that ran to its end before its goodbye reached the server)."""
+        value = next(r[column] for r in self.rows if r["server"] == "watching" and r["case"].startswith(prefix))
+        return None if value is None else int(value)
 
     def naive_made(self, prefix: str) -> int:
         return int(next(r["generated"] for r in self.rows if r["server"] == "--naive" and r["case"].startswith(prefix)))
 
 
-def why_more(heard: Mapping[str, int], watched: Mapping[str, int], leave_after: int) -> str:
+def why_more(heard: Mapping[str, int | None], watched: Mapping[str, int], leave_after: int) -> str:
     """Why the watching server made more tokens than were read: its lead before the goodbye, the pass in flight after."""
+    ended = [case for case, made in heard.items() if made is None]
+    heard = {case: made for case, made in heard.items() if made is not None}
     ahead = {case: made - leave_after for case, made in heard.items() if made > leave_after}
     after = {case: watched[case] - made for case, made in heard.items() if watched[case] > made}
-    said = either(
+    said = "" if not ended else (
+        f"For {listing(ended)} the answer ran to its end before the goodbye reached the server: nothing was left "
+        "to stop. ")
+    said += either(
         bool(ahead),
         f"Before {either(len(ahead) == 1, 'that goodbye', 'those goodbyes')} reached the server, the model had made "
         + listing([f"{plural(extra, 'token')} more for {case}" for case, extra in ahead.items()])
