@@ -222,7 +222,7 @@ class ClientConnection:
         ``tune_socket``'s bounds ran out: ``CONNECTION_LOST``, whichever of the reader and the writer met it
         first), else a write that failed."""
         failed = self.reader.exception() if isinstance(self.reader, asyncio.StreamReader) else None
-        if self.lost == CONNECTION_LOST or (isinstance(failed, OSError) and not isinstance(failed, ConnectionError)):
+        if self.lost == CONNECTION_LOST or isinstance(failed, TimeoutError):  # ETIMEDOUT, not any other OSError
             return CONNECTION_LOST
         return WRITE_FAILED
 
