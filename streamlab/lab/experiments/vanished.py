@@ -99,11 +99,16 @@ def _repo() -> str:
 
 
 def _drop(port: int) -> None:
-    """Every packet to or from ``port`` dropped from now on: the reader's network is gone."""
+    """Every packet to or from ``port`` dropped from now on, where it arrives: the reader's network is gone.
+
+    Dropped on the input hook, not the output one: a packet dropped on its way out is refused to the
+    sending socket (EPERM), and the server would hear of the drop from its own kernel at once, which a
+    phone that went to sleep never tells it. Dropped on arrival, it is lost as on a network.
+    """
     rules = (f"add table inet {TABLE}\n"
-             f"add chain inet {TABLE} out {{ type filter hook output priority 0; policy accept; }}\n"
-             f"add rule inet {TABLE} out tcp sport {port} drop\n"
-             f"add rule inet {TABLE} out tcp dport {port} drop\n")
+             f"add chain inet {TABLE} in {{ type filter hook input priority 0; policy accept; }}\n"
+             f"add rule inet {TABLE} in tcp sport {port} drop\n"
+             f"add rule inet {TABLE} in tcp dport {port} drop\n")
     subprocess.run([_tool("nft"), "-f", "-"], input=rules, text=True, check=True, capture_output=True)
 
 
