@@ -168,6 +168,9 @@ def test_the_ways_table_orders_the_three_ways():
     table = prose.ways_table(rows, same_text=True)
     assert list(table.index) == ["/complete", "/stream (SSE)", "/ws (WebSocket)"]
     assert set(table["same text all three ways"]) == {"yes"}
+    stalled = pd.concat([rows, rows.assign(**{"first text (s)": [0.1, 1.0, 0.1]}),
+                         rows.assign(**{"first text (s)": [0.9, 1.0, 0.1]})])  # one prompt's WebSocket stalled
+    assert prose.ways_table(stalled, same_text=True).loc["/ws (WebSocket)", "first text (s)"] == 0.1
 
 
 # -- chapter 3 ------------------------------------------------------------------------------------------------

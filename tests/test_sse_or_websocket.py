@@ -6,6 +6,8 @@ import pytest
 
 from streamlab.hops.nginx import find_nginx
 from streamlab.lab.experiments import sse_or_websocket as sw
+from streamlab.client import timed as client_timed
+from streamlab.client.tracing import last_id
 from streamlab.net import aio
 
 BODY = {"prompt": "hi", "max_tokens": 40, "chat": False, "ignore_eos": True, "seed": 0}
@@ -36,6 +38,20 @@ def test_after_a_drop_the_event_stream_resumes_and_the_websocket_starts_over(app
     assert wsock["connections"] == 2 and wsock["complete"] is True
     assert wsock["text the reader put together"] != wsock["whole answer"]  # the first pieces came twice
     assert 12 + 4 <= wsock["tokens generated in all"] < 2 * 12  # the lost answer's pieces, then a whole one
+
+
+def test_a_drop_after_four_pieces_resumes_from_the_fourth_when_all_came_in_one_read(apps):
+    """A reader that fell behind gets the whole answer in one read; a drop after its 4th piece loses the rest."""
+    app = apps(decode_seconds=0.0)
+    created = aio.run_sync(client_timed.create_generation(app.port, {**BODY, "max_tokens": 12}))
+    kept = aio.run_sync(sw._generation(app.port, created["id"]))  # made and kept before anyone reads
+    first, second = aio.run_sync(client_timed.resume(app.port, created["id"], drop_after=4))
+    assert len(first.text_events) == 4 and last_id(first) == "4" and not first.complete
+    assert second.complete and first.text + second.text == kept["text"]
+    assert len(first.text_events) + len(second.text_events) == 12
+    (lost, again) = aio.run_sync(sw.websocket_reconnect(app.port, "hi", 12, drop_after=4, chat=False,
+                                                        ignore_eos=True, seed=0))
+    assert len(lost.text_events) == 4 and not lost.complete and again.complete
 
 
 def test_websocket_reconnect_gives_up_after_its_retries(app):

@@ -62,6 +62,25 @@ def test_last_id_is_the_stream_s_last_event_id_string():
     assert last_id(trace) == "2"  # the block with id 3 never ended: a browser would resume after 2
 
 
+def test_a_drop_mid_read_loses_what_came_after_the_piece_it_followed():
+    """A whole backlog in one read, the connection lost after its 2nd piece: the 3rd and the end never came."""
+    trace = Trace(way="events")
+    recorder = ResponseRecorder(trace, "GET")
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    backlog = (text_event("a", id="1") + text_event("b", id="2") + text_event("c", id="3")
+               + sse.encode_event('{"stop_reason": "eos", "tokens": 3}', event="end"))
+    feed_all(recorder, head, backlog)
+    trace.chunks, trace.total_bytes = [(0.1, len(head)), (0.2, len(backlog))], len(head) + len(backlog)
+    assert trace.stop_reason == "eos" and last_id(trace) == "3"
+    trace.finish()
+    trace.cut_after(2)
+    assert [(e.kind, e.id) for e in trace.events] == [("text", "1"), ("text", "2")]
+    assert trace.text == "ab" and last_id(trace) == "2" and trace.left and not trace.complete
+    assert trace.stop_reason is None and trace.tokens is None and trace.end == 0.2
+    trace.cut_after(5)  # fewer pieces than that: nothing to lose
+    assert trace.text == "ab"
+
+
 # --------------------------------------------------------------------------
 # ResponseRecorder
 # --------------------------------------------------------------------------

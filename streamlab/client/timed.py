@@ -219,13 +219,16 @@ async def events(
     host: str = "127.0.0.1",
     read_size: int = 65536,
     trace: Trace | None = None,
+    drop_after: int | None = None,
 ) -> Trace:
     """``GET path`` as an ``EventSource`` would, and trace every event with its ``id``.
 
     ``trace``: a trace of the caller's own, filled as events arrive (to watch it meanwhile).
 
     ``last_event_id`` goes out as ``Last-Event-ID``: "I have everything up
-    to that one". ``stop_after=N`` drops the connection after N text events.
+    to that one". ``stop_after=N`` closes the connection after the read that
+    brought the Nth text event; ``drop_after=N`` loses it right after the Nth
+    itself, the rest of that read with it (``Trace.cut_after``).
     The trace is ``complete`` once the ``end`` event arrived. A ``204``
     (the server has nothing more for us) leaves ``status`` 204 and no events.
     """
@@ -237,12 +240,15 @@ async def events(
         trace.sent = time.perf_counter()
         writer.write(_get_head(path, host, port, last))
         await writer.drain()
-        await _read_response(reader, reading, trace, path, timeout, read_size, stop_after)
+        await _read_response(reader, reading, trace, path, timeout, read_size,
+                             drop_after if drop_after is not None else stop_after)
     finally:
         await _close(writer)
     trace.way = "events"
     trace.complete = trace.complete or any(e.kind == "end" for e in trace.events)
     trace.finish()
+    if drop_after is not None:
+        trace.cut_after(drop_after)
     return trace
 
 
@@ -258,7 +264,7 @@ async def resume(
     answer; had the first ended before any id, the second starts over.
     """
     path = f"/generations/{generation_id}/events"
-    first = await events(port, path, stop_after=drop_after, timeout=timeout, host=host)
+    first = await events(port, path, drop_after=drop_after, timeout=timeout, host=host)
     second = await events(port, path, last_event_id=last_id(first), timeout=timeout, host=host)
     return first, second
 

@@ -33,13 +33,15 @@ class _WebSocketReading:
     """Frames in, trace entries out; answers pings and CLOSE, says stop or leaves when told."""
 
     def __init__(
-        self, trace: Trace, writer: asyncio.StreamWriter, stop_after: int | None, say_stop: bool
+        self, trace: Trace, writer: asyncio.StreamWriter, stop_after: int | None, say_stop: bool,
+        hang_up: bool = False,
     ) -> None:
         self.trace = trace
         self.writer = writer
         self.conn = ws.Connection(client=True)
         self.stop_after = stop_after
         self.say_stop = say_stop
+        self.hang_up = hang_up  # a lost connection says nothing: no CLOSE, the socket just goes
         self.said_stop = False
         self.finished = False
 
@@ -71,8 +73,9 @@ class _WebSocketReading:
                 self.writer.write(self.conn.send_text(json.dumps({"stop": True})))
                 self.said_stop = True
             return
-        # Leave without a word about the answer: CLOSE, then hang up.
-        self.writer.write(self.conn.send_close(1001, "going away"))
+        # Leave without a word about the answer: CLOSE, then hang up (or hang up only, the network lost).
+        if not self.hang_up:
+            self.writer.write(self.conn.send_close(1001, "going away"))
         self.trace.left = True
         self.finished = True
 
@@ -122,6 +125,7 @@ async def websocket(
     host: str = "127.0.0.1",
     stop_after: int | None = None,
     say_stop: bool = False,
+    drop_after: int | None = None,
     seed: int | None = None,
     chat: bool | None = None,
     ignore_eos: bool | None = None,
@@ -137,6 +141,8 @@ async def websocket(
     round trip counts, as it would for a user. ``stop_after=N`` acts after N
     text messages: with ``say_stop`` it sends ``{"stop": true}`` and reads on
     to the ``done`` message; without, it sends CLOSE and hangs up.
+    ``drop_after=N`` loses the connection right after the Nth: no CLOSE, and
+    whatever came after it in the same read is lost too (``Trace.cut_after``).
     ``origin`` sends an ``Origin`` as a browser's page would; by default
     there is none, as from any program that is not a browser.
     """
@@ -151,7 +157,8 @@ async def websocket(
         if early is None:
             trace.finish()
             return trace
-        reading = _WebSocketReading(trace, writer, stop_after, say_stop)
+        reading = _WebSocketReading(trace, writer, drop_after if drop_after is not None else stop_after,
+                                    say_stop and drop_after is None, hang_up=drop_after is not None)
         body = request_body(prompt, max_tokens, seed=seed, chat=chat, ignore_eos=ignore_eos, extra=extra)
         writer.write(reading.conn.send_text(json.dumps(body, ensure_ascii=False)))
         await writer.drain()
@@ -168,4 +175,6 @@ async def websocket(
     finally:
         await _close(writer)
     trace.finish()
+    if drop_after is not None:
+        trace.cut_after(drop_after)
     return trace

@@ -167,6 +167,31 @@ class Trace:
         if self.end is None and self.chunks:
             self.end = self.chunks[-1][0]
 
+    def cut_after(self, pieces: int) -> None:
+        """The connection lost right after the reader's ``pieces``-th piece of text, as a failed network loses it.
+
+        One ``recv`` often carries several events (a reader that fell behind,
+        a stream that resumes with a backlog); a drop between two of them loses
+        the later ones, which never reached the reader. So everything after
+        that piece goes: its events and bytes, the end marker, how it ended.
+        The last event id is the last one kept, what a reconnect sends.
+        """
+        texts = [i for i, e in enumerate(self.events) if e.kind == "text" and e.text]
+        if len(texts) < pieces or pieces < 1:
+            return
+        kept = self.events[:texts[pieces - 1] + 1]
+        at = kept[-1].t
+        self.events = kept
+        self.chunks = [c for c in self.chunks if c[0] <= at]
+        self.total_bytes = sum(n for _, n in self.chunks)
+        self.text = "".join(e.text for e in kept if e.kind == "text")
+        ids = [e.id for e in kept if e.id is not None]
+        if ids:
+            self.last_event_id = ids[-1] or None
+        self.complete, self.left, self.end = False, True, None
+        self.stop_reason = self.tokens = self.error = self.close_code = None
+        self.finish()
+
 
 def piece_text(data: Any) -> str | None:
     """The text an event carries, in any of the formats the server speaks; None when it carries none.

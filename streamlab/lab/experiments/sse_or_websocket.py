@@ -110,7 +110,7 @@ async def websocket_reconnect(port: int, prompt: str, max_tokens: int, *, drop_a
     traces: list[Trace] = []
     for attempt in range(retries + 1):
         lose = drop_after if attempt == 0 else None
-        trace = await websocket(port, prompt, max_tokens, stop_after=lose, **kwargs)
+        trace = await websocket(port, prompt, max_tokens, drop_after=lose, **kwargs)
         traces.append(trace)
         if trace.complete:
             break
