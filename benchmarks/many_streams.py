@@ -147,11 +147,12 @@ def main(argv: list[str] | None = None) -> Report:
     if ours:
         over = [r["gap_p99_over_schedule_ms"] for r in ours]
         report.figure(f"sse_{level}_p99_gap_over_schedule_ms", spread(over)[0], "ms", target=GAP_TARGET_MS,
-                      note=_said(over, " ms"))
+                      note=_said(over, " ms"), rounds=over)
         print(f"many_streams: p99 gap over the schedule at {level}, streamlab: {_said(over, ' ms')}", flush=True)
     ratios = paired_ratios(rows, "streamlab", "uvicorn+starlette", level, "cpu_s_per_10k_events")
     if ratios:
-        report.ratio(f"cpu_per_event_vs_starlette_{level}", spread(ratios)[0], target=1.0, note=_said(ratios, "x"))
+        report.ratio(f"cpu_per_event_vs_starlette_{level}", spread(ratios)[0], target=1.0, note=_said(ratios, "x"),
+                     rounds=ratios)
         print(f"many_streams: CPU per event against Starlette's at {level}, round by round: "
               f"{', '.join(f'{x:.2f}x' for x in ratios)}; {_said(ratios, 'x')}", flush=True)
     ws_level = TARGET_LEVEL if TARGET_LEVEL in ws_levels else max(ws_levels, default=0)

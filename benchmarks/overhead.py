@@ -60,10 +60,11 @@ def main(argv: list[str] | None = None) -> Report:
     report.figure("bare_ttft_ms", model["ways"][BARE]["ttft_s"] * 1e3, "ms")
     report.figure("bare_tokens_per_s", bare["median"], "tokens/s",
                   note=f"{bare['min']:.2f}-{bare['max']:.2f} from round to round: the machine's noise")
-    report.figure("generation_ttft_extra_ms", model["ttft_extra_ms"], "ms", target=10)
+    report.figure("generation_ttft_extra_ms", model["ttft_extra_ms"], "ms", target=10,
+                  rounds=model["ttft_extra_rounds_ms"])
     for name, key in KEYS.items():
         r = model["ratios"][name]
-        report.ratio(f"{key}_vs_bare_tokens_per_s", r["median"], target=0.95, op="≥", spread=(r["min"], r["max"]),
+        report.ratio(f"{key}_vs_bare_tokens_per_s", r["median"], target=0.95, op="≥", rounds=r["values"],
                      note=f"median of {len(r['values'])} rounds, q1-q3 {r['q1']:.3f}-{r['q3']:.3f}, "
                           f"min-max {r['min']:.3f}-{r['max']:.3f}")
 
@@ -81,8 +82,10 @@ def main(argv: list[str] | None = None) -> Report:
             # read later (its own loop's turns), shown beside them without a target.
             at_socket = reader == "socket"
             name = route.strip("/") + ("" if at_socket else f"_{reader}_client")
-            report.figure(f"{name}_overhead_median_ms", r["median_ms"], "ms", target=1 if at_socket else None)
-            report.figure(f"{name}_overhead_p99_ms", r["p99_ms"], "ms", target=5 if at_socket else None)
+            report.figure(f"{name}_overhead_median_ms", r["median_ms"], "ms", target=1 if at_socket else None,
+                          rounds=r["round_medians"])
+            report.figure(f"{name}_overhead_p99_ms", r["p99_ms"], "ms", target=5 if at_socket else None,
+                          rounds=r["round_p99s"])
     report.params["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     report.data["model"] = model
     report.data["server"] = server["readers"]

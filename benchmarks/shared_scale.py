@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> Report:
             ratios = [log["pieces_per_s"] / alone["pieces_per_s"] for log, alone in zip(rows[setup][n], rows["serve"][n])]
             if n == at or n == max(args.readers):
                 rep.ratio(f"{setup}_vs_serve_pieces_per_s_at_{n}", statistics.median(ratios),
-                          target=target if n == at else None, op="≥", spread=(min(ratios), max(ratios)),
+                          target=target if n == at else None, op="≥", rounds=ratios,
                           note=f"rounds {min(ratios):.2f}x-{max(ratios):.2f}x")
     every = all(r["ended"] == r["readers"] for by_n in rows.values() for rs in by_n.values() for r in rs)
-    rep.figure("every_reader_ended", 1.0 if every else 0.0, "", target=1.0, op="≥")
+    rep.figure("every_reader_ended", 1.0 if every else 0.0, "", target=1.0, op="≥", exact=True)
     rep.data["rounds"] = {setup: {str(n): rs for n, rs in by_n.items()} for setup, by_n in rows.items()}
     rep.save()
     return rep

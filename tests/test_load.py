@@ -70,7 +70,9 @@ def test_the_shipped_server_is_held_to_its_targets():
     shipped_figures(report, {"default": {1: row(25.0, 0.04), 8: row(45.0, 0.25, refused=1)},
                              "float32": {1: row(14.0, 0.07)}}, at=8)
     got = {m.key: m for m in report.measures}
-    assert got["default_tokens_per_s_8_vs_1"].value == pytest.approx(1.8) and got["default_tokens_per_s_8_vs_1"].met
+    # One run at each level: the figures are there, and too few rounds to call a target met.
+    assert got["default_tokens_per_s_8_vs_1"].value == pytest.approx(1.8)
+    assert got["default_tokens_per_s_8_vs_1"].standing == "too few"
     slowest = got["default_slowest_reader_tpot_at_8"]
     assert slowest.value == pytest.approx(0.25 / READING_THRESHOLD) and slowest.met is False
     assert got["default_vs_float32_one_reader_tokens_per_s"].value == pytest.approx(25 / 14)

@@ -316,7 +316,7 @@ def test_the_benchmark_prints_lines_that_parse(tmp_path):
     saved = json.loads((tmp_path / "decode_formats.json").read_text())
     assert figures and len(figures) == len(saved["measures"])
     goal = next(f for f in figures if f["key"] == "default_decode_speedup")
-    assert goal["op"] == "≥" and goal["verdict"].startswith(("met", "missed", "within noise"))
+    assert goal["op"] == "≥" and goal["verdict"].startswith(("met", "missed", "within noise", "too few"))
     assert saved["data"]["default"] in FORMATS
     assert "decode_formats" in bench.BENCHMARKS
     from streamlab.lab.outside.llamacpp import unavailable_reason

@@ -34,7 +34,10 @@ def summary(reports: Sequence[dict[str, Any]]) -> str:
             if m.get("target") is None:
                 continue
             spread = tuple(m["spread"]) if m.get("spread") else None
-            measure = Measure(m["key"], m["value"], m.get("unit", ""), m["target"], m.get("op", "≤"), spread=spread)
+            # The one rule (``standing``), from the rounds the report kept: a report saved before it kept their
+            # count reads as too few rounds to say.
+            measure = Measure(m["key"], m["value"], m.get("unit", ""), m["target"], m.get("op", "≤"), spread=spread,
+                              rounds=m.get("rounds"), exact=bool(m.get("exact")))
             rows.append({
                 "benchmark": report["name"],
                 "figure": m["key"],

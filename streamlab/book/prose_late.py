@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from streamlab.book.wording import listing, of_all, spread
 from streamlab.client.metrics import READING_THRESHOLD
+from streamlab.lab.results.measures import MET, MIN_ROUNDS, MISSED, TOO_FEW, standing
 
 __all__ = [
     "BLANK",
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 BLANK = "—"  # what a cell shows where a figure does not apply
-MIN_ROUNDS = 5  # fewer alternating rounds than this say how one moment went, not whether a target is met
 NOTICED_SHARE = 0.05  # gaps over the threshold, as a share of all, from which a pace under it on average is not smooth
 
 
@@ -86,11 +86,12 @@ def rounds_against(values: Sequence[float], inside: Callable[[float], bool], tar
     if len(values) == 1:
         return f"one round, too few to say whether it is {target}"
     said = spread(values, unit=unit, digits=digits)
-    if len(values) < min_rounds:
+    kind = standing(values, inside, min_rounds=min_rounds)  # the rule make bench's lines follow too
+    if kind == TOO_FEW:
         return f"{said}: too few to say whether it is {target}"
-    if all(inside(v) for v in values):
+    if kind == MET:
         return f"{said}: all {len(values)} rounds {target}, so met"
-    if not any(inside(v) for v in values):
+    if kind == MISSED:
         return f"{said}: no round {target}, so missed"
     return f"{said}: the rounds span the target, within noise of it"
 

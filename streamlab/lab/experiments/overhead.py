@@ -224,6 +224,7 @@ def model_overhead(lm: Any, *, tokens: int = 64, rounds: int = 5, prompt: str = 
         "ratios": ratios,
         "bare_spread": spread(bare_rates),
         "ttft_extra_ms": (ours["ttft_s"] - bare["ttft_s"]) * 1e3,
+        "ttft_extra_rounds_ms": [(o.ttft - b.ttft) * 1e3 for o, b in zip(runs[GENERATION], runs[BARE])],
         "tokens_per_s_ratio": ratios[GENERATION]["median"],
     }
 
@@ -354,6 +355,7 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
     recording = _Recording(source_for(lm))
     latencies: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
     medians: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    p99s: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
     mismatched = dict.fromkeys(runs, 0)
     with serve_in_process(recording, max_active=4) as server:
         for r in range(rounds):
@@ -367,6 +369,7 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
                 latencies[route, reader] += delays
                 if delays:
                     medians[route, reader].append(statistics.median(delays))
+                    p99s[route, reader].append(percentile(delays, 99))
     results: dict[str, dict[str, Any]] = {reader: {} for reader in readers}
     for (route, reader), values in latencies.items():
         results[reader][route] = {
@@ -375,6 +378,7 @@ def server_overhead(lm: Any, *, tokens: int = 64, rounds: int = 3, routes: Seque
             "p99_ms": percentile(values, 99),
             "max_ms": max(values, default=float("nan")),
             "round_medians_ms": spread(medians[route, reader]),
+            "round_medians": medians[route, reader], "round_p99s": p99s[route, reader],
             "mismatched_runs": mismatched[route, reader],
             "latencies_ms": values,
         }

@@ -4,14 +4,17 @@ A benchmark makes one :class:`Report`, records what it measured, and saves it::
 
     report = Report("detokenizer", params={"tokens": 4096})
     report.figure("decodestream_us", 0.9, "µs/token")
-    report.ratio("window_vs_decodestream", 1.8, target=2.0)      # met when ≤ target
+    report.ratio("window_vs_decodestream", 1.8, target=2.0, rounds=[1.7, 1.8, 1.9, 1.8, 1.8])  # ≤ target
     report.save()                                                # build/bench/detokenizer.json
 
 Each call prints one line a person reads and a test (or ``make bench``'s summary)
 parses::
 
     detokenizer: decodestream_us = 0.9 µs/token
-    detokenizer: window_vs_decodestream = 1.80x  (target ≤ 2: met)
+    detokenizer: window_vs_decodestream = 1.80x  (target ≤ 2: met in all 5 rounds, 1.70-1.90)
+
+A target is judged by one rule (``standing``): met only where every round is
+on its side, with enough rounds to say so.
 
 The experiments (``load``, ``backpressure``) report through it too, so it sits
 with them; ``streamlab.book.bench`` runs the benchmarks and prints the summary.
@@ -27,13 +30,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from streamlab.lab.results.records import BUILD
 
 # Where reports go; the test suite points this elsewhere so a tiny run never replaces a real one.
 BENCH_DIR = Path(os.environ.get("STREAMLAB_BENCH_DIR") or BUILD / "bench")
-LINE = re.compile(r"^(?P<bench>[\w.-]+): (?P<key>[\w.-]+) = (?P<value>\S+)(?: (?P<unit>[^()]+?))?(?:\s+\(target (?P<op>[≤≥]) (?P<target>\S+): (?P<verdict>met|missed[^)]*|within noise[^)]*)\))?$")
+LINE = re.compile(r"^(?P<bench>[\w.-]+): (?P<key>[\w.-]+) = (?P<value>\S+)(?: (?P<unit>[^()]+?))?(?:\s+\(target (?P<op>[≤≥]) (?P<target>\S+): (?P<verdict>met[^)]*|missed[^)]*|within noise[^)]*|too few[^)]*)\))?$")
 
 
 def machine() -> str:
@@ -65,6 +68,27 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+#: Fewer alternating rounds than this say how one moment went, not whether a target is met (the book's rule too).
+MIN_ROUNDS = 5
+
+MET, MISSED, NOISE, TOO_FEW = "met", "missed", "within noise", "too few"
+
+
+def standing(rounds: Sequence[float], inside: Callable[[float], bool], *, min_rounds: int = MIN_ROUNDS) -> str:
+    """The project's one rule for rounds against a target: ``met``, ``missed``, ``within noise`` or ``too few``.
+
+    Met only when every round is on the target's side, missed when none is,
+    within noise when they lie on both sides (wherever their median fell), and
+    too few to say below ``min_rounds``: a shared machine's one good moment is
+    not a property of the code. A benchmark's line (``Measure.verdict``) and a
+    chapter's sentence (``streamlab.book.prose_late.rounds_against``) both ask it.
+    """
+    if len(rounds) < min_rounds:
+        return TOO_FEW
+    sides = [bool(inside(v)) for v in rounds]
+    return MET if all(sides) else MISSED if not any(sides) else NOISE
+
+
 @dataclass
 class Measure:
     key: str
@@ -73,29 +97,57 @@ class Measure:
     target: float | None = None
     op: str = "≤"  # ≤: lower is better; ≥: higher is better
     note: str = ""
-    # The lowest and highest of the rounds the value is the median of: where they lie on both sides of the
-    # target, the verdict is "within noise" whichever side the median fell on.
+    # The lowest and highest of the rounds the value is the median of, and how many rounds there were: the
+    # verdict reads the rounds (``standing``), never the median alone.
     spread: tuple[float, float] | None = None
+    rounds: int | None = None
+    # A count, not a timing (readers refused, every reader ended): one measurement says it, no noise to judge.
+    exact: bool = False
+
+    def inside(self, value: float) -> bool:
+        assert self.target is not None
+        return value <= self.target if self.op == "≤" else value >= self.target
+
+    @property
+    def standing(self) -> str | None:
+        """``standing`` of the rounds (their extremes stand for them all against a threshold); None: no target."""
+        if self.target is None:
+            return None
+        if self.exact:
+            return MET if self.inside(self.value) else MISSED
+        if self.spread is None or not self.rounds:
+            return TOO_FEW
+        low, high = self.spread
+        # Every round is on the target's side exactly when both extremes are; none when neither is.
+        extremes = [low] * (self.rounds - 1) + [high] if self.rounds > 1 else [low]
+        return standing(extremes, self.inside)
 
     @property
     def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        return self.value <= self.target if self.op == "≤" else self.value >= self.target
+        """True only where the rule says met; None without a target."""
+        return None if self.target is None else self.standing == MET
 
     @property
     def straddles(self) -> bool:
-        return self.target is not None and self.spread is not None and min(self.spread) < self.target < max(self.spread)
+        return self.standing == NOISE
 
     def verdict(self) -> str:
-        if self.met is None:
+        kind = self.standing
+        if kind is None:
             return ""
-        if self.straddles:
-            low, high = sorted(self.spread or ())
+        unit = f" {self.unit}" if self.unit and self.unit != "x" else ""
+        if self.exact:  # a count: whole numbers stay whole
+            by = abs(self.value - self.target)
+            return MET if kind == MET else f"missed by {_fmt(int(by) if by.is_integer() else by)}{unit}"
+        if kind == TOO_FEW:
+            return (f"too few rounds to say: {self.rounds or 1} of {MIN_ROUNDS}"
+                    + (f", {_fmt(self.spread[0])}-{_fmt(self.spread[1])}" if self.spread and self.rounds else ""))
+        low, high = self.spread or (self.value, self.value)
+        if kind == NOISE:
             return f"within noise: rounds {_fmt(low)}-{_fmt(high)}"
-        if self.met:
-            return "met"
-        return f"missed by {_fmt(abs(self.value - self.target))}{(' ' + self.unit) if self.unit and self.unit != 'x' else ''}"
+        if kind == MET:
+            return f"met in all {self.rounds} rounds, {_fmt(low)}-{_fmt(high)}"
+        return f"missed by {_fmt(abs(self.value - self.target))}{unit}, every round of {self.rounds}"
 
     def line(self, bench: str) -> str:
         value = f"{_fmt(self.value)}x" if self.unit == "x" else _fmt(self.value)
@@ -108,8 +160,8 @@ class Measure:
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "value": self.value, "unit": self.unit, "target": self.target,
-                "op": self.op, "met": self.met, "note": self.note, "spread": self.spread,
-                "verdict": self.verdict()}
+                "op": self.op, "met": self.met, "note": self.note, "spread": self.spread, "rounds": self.rounds,
+                "exact": self.exact, "verdict": self.verdict()}
 
 
 @dataclass
@@ -131,14 +183,19 @@ class Report:
         return measure
 
     def figure(self, key: str, value: float, unit: str = "", *, target: float | None = None,
-               op: str = "≤", note: str = "") -> Measure:
-        """A measured figure (with its unit), optionally against a target."""
-        return self._add(Measure(key, float(value), unit, target, op, note))
+               op: str = "≤", note: str = "", rounds: Sequence[float] | None = None, exact: bool = False) -> Measure:
+        """A measured figure (with its unit), optionally against a target.
+
+        ``rounds``: the values ``value`` is the median of, which the verdict reads
+        (``standing``); ``exact``: a count, judged on itself. A target with
+        neither is "too few rounds to say".
+        """
+        return self._add(_measure(key, value, unit, target, op, note, rounds, exact))
 
     def ratio(self, key: str, value: float, *, target: float | None = None, op: str = "≤", note: str = "",
-              spread: tuple[float, float] | None = None) -> Measure:
-        """A ratio of two figures measured side by side in this run (printed as 1.23x); ``spread``: its rounds' range."""
-        return self._add(Measure(key, float(value), "x", target, op, note, spread))
+              rounds: Sequence[float] | None = None) -> Measure:
+        """A ratio of two figures measured side by side in this run (printed as 1.23x); ``rounds`` as for ``figure``."""
+        return self._add(_measure(key, value, "x", target, op, note, rounds, False))
 
     def table(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
         """Rows of a table (printed aligned, kept in the JSON)."""
@@ -175,6 +232,13 @@ class Report:
         if not self.quiet:
             print(f"{self.name}: saved {path}", flush=True)
         return path
+
+
+def _measure(key: str, value: float, unit: str, target: float | None, op: str, note: str,
+             rounds: Sequence[float] | None, exact: bool) -> Measure:
+    kept = [float(v) for v in rounds or () if math.isfinite(v)]
+    spread = (min(kept), max(kept)) if kept else None
+    return Measure(key, float(value), unit, target, op, note, spread, len(kept) or None, exact)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
