@@ -27,9 +27,11 @@ setup: $(STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
-# llama.cpp's OpenAI-compatible server in .venv-engine, for the relay (compiles llama.cpp: slow once).
+# llama.cpp in .venv-engine (compiles it: slow once): llama-cpp-python's OpenAI-compatible server for the
+# relay, and llama.cpp's own C++ server (parallel slots) as the benchmarks' yardstick.
 engine:
 	@PYTHON=$(PYTHON) bash scripts/engine.sh
+	@PYTHON=$(PYTHON) bash scripts/llama_server.sh
 
 run: $(STAMP) system-deps
 	$(BIN)/python -m streamlab run-notebooks

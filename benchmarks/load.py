@@ -1,6 +1,6 @@
 """The model under load: 1-16 readers at once, a thread per generation against the batched engine, and the server as shipped.
 
-    python benchmarks/load.py [--concurrency 1,2,4,8,16] [--tokens 64] [--engines threads,batched,default,float32] [--tiny]
+    python benchmarks/load.py [--concurrency 1,2,4,8,16] [--tokens 64] [--engines threads,batched,default,float32,llama.cpp] [--rounds 1] [--tiny]
 
 The real model behind the real server (a process per engine), N readers on
 ``/stream`` started together, the same prompts and ``max_tokens`` (EOS
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from streamlab.lab.results.measures import Report
-from streamlab.lab.experiments.load import AS_SHIPPED, CONCURRENCY, ENGINES, TOKENS, measure
+from streamlab.lab.experiments.load import AS_SHIPPED, CONCURRENCY, ENGINES, LLAMA_CPP, TOKENS, measure
 
 
 def numbers(text: str) -> list[int]:
@@ -32,12 +32,15 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=numbers, default=list(CONCURRENCY), help="readers at once, e.g. 1,2,4,8,16")
     parser.add_argument("--tokens", type=int, default=TOKENS, help="max_tokens of every answer")
-    parser.add_argument("--engines", type=lambda s: s.split(","), default=[*ENGINES, *AS_SHIPPED])
+    parser.add_argument("--engines", type=lambda s: s.split(","), default=[*ENGINES, *AS_SHIPPED, LLAMA_CPP],
+                        help=f"which servers; {LLAMA_CPP} is skipped, saying why, where make engine has not built it")
+    parser.add_argument("--rounds", type=int, default=1, help="every engine at every N this many times, in turns "
+                        "(a target's verdict needs 5)")
     parser.add_argument("--tiny", action="store_true", help="a quick run for the test (1 and 2 readers, 8 tokens)")
     args = parser.parse_args(argv)
     concurrency, tokens = ([1, 2], 8) if args.tiny else (args.concurrency, args.tokens)
     report = Report("load", params={"concurrency": concurrency, "tokens": tokens, "engines": args.engines})
-    measure(concurrency, tokens, args.engines, report=report)
+    measure(concurrency, tokens, args.engines, report=report, rounds=1 if args.tiny else args.rounds)
     report.save()
     return report
 

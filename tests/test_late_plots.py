@@ -37,7 +37,17 @@ HOPS = {"direct": trace(0.09, 0.84, 16), "nginx ignores X-Accel-Buffering": trac
         trace(0.002, 0.002, 16), "nginx cache, honouring the origin, reconnect after event 5": trace(0.002, 0.003, 11),
         "buffering runtime": trace(0.85, 0.85, 16), "streaming runtime": trace(0.12, 0.87, 16)}
 
+def budget(llama_cpp_ms: float | None = 21.0) -> dict[str, Any]:
+    parts = {"model step": 33.5, "sampling": 0.77, "detokenizer and stop checks": 0.08,
+             "hand-over to the event loop": 0.83, "the rest": 0.23}
+    step = sum(parts.values())
+    beside = [{"part": "llama.cpp's whole step, the same GGUF", "ms a token": llama_cpp_ms}] if llama_cpp_ms else []
+    return {"rows": [{"part": k, "ms a token": v, "share of the step": v / step} for k, v in parts.items()],
+            "beside": beside, "step_ms": step}
+
+
 CHARTS: dict[str, Callable[[], Any]] = {
+    "token_budget_bars": lambda: late_plots.token_budget_bars(budget()),
     "load_panels": lambda: late_plots.load_panels(load_rows()),
     "backpressure_panels": lambda: late_plots.backpressure_panels(
         backpressure_series(), names={"unbounded": "unbounded", "bounded": "bounded at 256",
@@ -99,4 +109,15 @@ def test_a_reader_killed_on_each_source_gets_its_own_clock():
     fig = drawn(CHARTS["kill_panels"])
     scripted, model = fig.axes[1], fig.axes[0]
     assert scripted.get_xlim() != model.get_xlim() and len(fig.axes) == 2
+    plt.close("all")
+
+
+def test_the_token_budget_lays_the_parts_end_to_end_and_llama_cpp_only_where_measured():
+    fig = drawn(CHARTS["token_budget_bars"])
+    ours = [p for p in fig.axes[0].patches if abs(p.get_y() + p.get_height() / 2) < 1e-9]
+    assert sum(p.get_width() for p in ours) == pytest.approx(budget()["step_ms"])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["streamlab (Generation)", "llama.cpp (its server)"]
+    plt.close("all")
+    alone = drawn(lambda: late_plots.token_budget_bars(budget(None)))
+    assert [t.get_text() for t in alone.axes[0].get_yticklabels()] == ["streamlab (Generation)"]
     plt.close("all")

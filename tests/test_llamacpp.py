@@ -98,3 +98,33 @@ def test_chat_stream_timing_reads_llama_cpp(engine: LlamaServer):
 
     first, rate, pieces = chat_stream_timing(engine.port, "What is the capital of France?", 12)
     assert 1 <= pieces <= 12 and first > 0
+
+
+# --------------------------------------------------------------------------
+# llama.cpp's own C++ server (scripts/llama_server.sh): the benchmarks' yardstick
+# --------------------------------------------------------------------------
+
+from streamlab.lab.outside.llamacpp import LlamaCppServer, native_server_command, native_unavailable_reason  # noqa: E402
+
+needs_native = pytest.mark.skipif(native_unavailable_reason() is not None,
+                                  reason=native_unavailable_reason() or "llama-server is built")
+
+
+def test_the_native_command_gives_every_slot_its_context():
+    args = native_server_command("m.gguf", 8123, binary=Path("/x/llama-server"), threads=2, parallel=16, n_ctx=2048)
+    assert args[0] == "/x/llama-server" and args[args.index("--port") + 1] == "8123"
+    assert args[args.index("--parallel") + 1] == "16" and args[args.index("--ctx-size") + 1] == str(16 * 2048)
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+
+
+@needs_native
+def test_llama_server_streams_as_many_tokens_as_asked_to_readers_at_once():
+    """Four readers at once, EOS ignored: each gets its 16 tokens, one a chunk, and usage says so."""
+    from streamlab.lab.experiments.load import ask_chat, readers
+    from streamlab.net.aio import run_sync
+
+    with LlamaCppServer(parallel=4, threads=2) as engine:
+        traces, wall = run_sync(readers(engine.port, 4, 16, ask=ask_chat, timeout=60))
+    assert [t.status for t in traces] == [200] * 4 and all(t.complete for t in traces)
+    assert [t.tokens for t in traces] == [16] * 4 and wall > 0
+    assert all(1 <= len(t.text_events) <= 16 for t in traces)

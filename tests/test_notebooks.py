@@ -519,6 +519,18 @@ def test_11_serving_many_readers(tmp_path):
     # ...and the batch's other pace, the median gap (what chapter 9 reports), beside it
     assert f["batched_gap_p50_s"] * 1e3 == pytest.approx(load[("batched", max(quick["load_concurrency"]))]["gap p50 (ms)"])
     assert all(r["complete"] == f"{n}/{n}" for (_, n), r in load.items())
+    # One token's time taken apart: the parts add up to the step, and the model's forward pass is most of it
+    # (a 135M model's pass is tens of ms; sampling, the detokenizer and the hand-over a ms or two together).
+    spent = f["token_budget"]
+    parts = {r["part"]: r["ms a token"] for r in spent["rows"]}
+    assert list(parts) == ["model step", "sampling", "detokenizer and stop checks", "hand-over to the event loop",
+                           "the rest"]
+    assert sum(parts.values()) == pytest.approx(spent["step_ms"], rel=1e-6) or parts["the rest"] == 0
+    assert parts["model step"] > spent["step_ms"] / 2 and spent["added_ms"] == pytest.approx(
+        spent["step_ms"] - parts["model step"])
+    from streamlab.lab.outside.llamacpp import native_unavailable_reason
+
+    assert (spent["llama_cpp_ms"] is None) == (native_unavailable_reason() is not None)
     policies = {r["policy"]: r for r in f["backpressure_table"]}
     assert set(policies) == {"unbounded", "bounded", "bounded_timeout"}
     bounded, free = policies["bounded"], policies["unbounded"]

@@ -319,9 +319,10 @@ def test_the_benchmark_prints_lines_that_parse(tmp_path):
     assert goal["op"] == "≥" and goal["verdict"].startswith(("met", "missed", "within noise", "too few"))
     assert saved["data"]["default"] in FORMATS
     assert "decode_formats" in bench.BENCHMARKS
-    from streamlab.lab.outside.llamacpp import unavailable_reason
+    from streamlab.lab.outside.llamacpp import native_unavailable_reason, unavailable_reason
 
-    if unavailable_reason() is None:  # make engine built llama.cpp: its row is beside the formats
-        assert "llama_cpp_vs_float32_decode" in {f["key"] for f in figures}
+    if native_unavailable_reason() is None or unavailable_reason() is None:  # make engine built llama.cpp
+        keys = {f["key"] for f in figures}  # its row beside the formats, and our default against it
+        assert "llama_cpp_vs_float32_decode" in keys and "default_vs_llama_cpp_decode" in keys
     else:
         assert "decode_formats: llama.cpp not measured: " in done.stdout

@@ -1,6 +1,7 @@
 """Charts of chapters 11 to 13, each drawn to say one thing, in the book's one style (``streamlab.book.style``).
 
     load_panels(rows)                  chapter 11: first text, time per token and throughput against readers at once
+    token_budget_bars(budget)          chapter 11: one token's time taken apart, llama.cpp's step beside it
     backpressure_panels(series)        chapter 11: a slow reader under each policy: made, queued, held in buffers
     hop_timeline(traces)               chapter 12: each hop's stream, its first text and its end written beside it
     kill_panels(readers, ...)          chapter 13: a reader through a kill, one panel per source, each on its own clock
@@ -25,7 +26,7 @@ from streamlab.book.replica_plots import received_through_a_kill
 from streamlab.book.style import GREY, THRESHOLD_STYLE, _axes, _seconds, _threshold_legend_name, color_of, figure
 from streamlab.client.metrics import READING_THRESHOLD
 
-__all__ = ["backpressure_panels", "hop_timeline", "kill_panels", "load_panels"]
+__all__ = ["backpressure_panels", "hop_timeline", "kill_panels", "load_panels", "token_budget_bars"]
 
 
 def _readers_axis(ax: Any, xs: Sequence[int]) -> None:
@@ -168,3 +169,34 @@ def kill_panels(readers: Mapping[str, Sequence[tuple[float, int, int]]], *, kill
             ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
     axes[0].figure.suptitle(title, fontweight="bold")
     return axes
+
+
+def token_budget_bars(budget: Mapping[str, Any], *, title: str = "Where one token's time goes") -> Any:
+    """One bar of a token's step, its parts end to end (ms); llama.cpp's whole step as a bar below where measured.
+
+    ``budget``: :func:`streamlab.lab.experiments.budget.token_budget`'s result.
+    The parts' names are a legend of their own, outside the bars (most of
+    them are a sliver of the model's step); the socket's way, beside the next
+    step rather than in it, is not drawn.
+    """
+    fig, ax = figure(1, 1, height=2.4)
+    bars = ["streamlab (Generation)"]
+    left = 0.0
+    for i, row in enumerate(budget["rows"]):
+        ax.barh(0, row["ms a token"], left=left, color=color_of(row["part"], i), edgecolor="white",
+                label=f"{row['part']}: {row['ms a token']:.2f} ms")
+        left += row["ms a token"]
+    theirs = [row for row in budget.get("beside", ()) if row["part"].startswith("llama.cpp")]
+    if theirs:
+        bars.append("llama.cpp (its server)")
+        ax.barh(1, theirs[0]["ms a token"], color=GREY, label=f"llama.cpp's step: {theirs[0]['ms a token']:.2f} ms")
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels(bars)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max([left, *(row["ms a token"] for row in theirs)]) * 1.05)
+    ax.set_xlabel("milliseconds a token")
+    ax.set_ylabel("who made it")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
+    ax.grid(axis="x", alpha=0.3)
+    return fig

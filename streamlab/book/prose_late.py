@@ -29,7 +29,6 @@ from streamlab.lab.results.measures import MET, MIN_ROUNDS, MISSED, TOO_FEW, sta
 
 __all__ = [
     "BLANK",
-    "MIN_ROUNDS",
     "backpressure_rows",
     "load_rows",
     "pace_standing",

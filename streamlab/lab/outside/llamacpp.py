@@ -29,8 +29,8 @@ from streamlab.model.loading import ModelError, embedded_gguf
 from streamlab.lab.results.records import REPO
 from streamlab.net.processes import die_with_parent, free_port, stop_process
 
-__all__ = ["ENGINE_VENV", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path", "llama_server_command",
-           "unavailable_reason"]
+__all__ = ["ENGINE_VENV", "LlamaCppServer", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path",
+           "llama_server_command", "native_server_command", "native_unavailable_reason", "unavailable_reason"]
 
 ENGINE_VENV = Path(os.environ.get("STREAMLAB_ENGINE_VENV") or REPO / ".venv-engine")
 ENGINE_VERSION = "0.3.36"  # what scripts/engine.sh installs
@@ -45,6 +45,11 @@ THREADS = 1
 # with its default system prompt). Named explicitly: left unset, the server
 # guesses by comparing the template with the ones it knows.
 CHAT_FORMAT = "chat_template.default"
+
+
+# llama.cpp's own C++ server, built by scripts/llama_server.sh (make engine) beside the Python one: the
+# benchmarks' yardstick, with parallel slots batched as our engine batches its generations.
+NATIVE_SERVER = ENGINE_VENV / "bin" / "llama-server"
 
 
 class EngineError(RuntimeError):
@@ -94,6 +99,33 @@ def llama_server_command(
         "--n_threads", str(threads), "--n_threads_batch", str(threads),
         "--chat_format", CHAT_FORMAT,
         "--interrupt_requests", "False",
+        *extra,
+    ]  # fmt: skip
+
+
+def native_unavailable_reason(binary: Path | None = None) -> str | None:
+    """Why ``LlamaCppServer`` cannot run here, or None when it can."""
+    binary = binary or NATIVE_SERVER
+    if not binary.is_file():
+        return f"no {binary.name} in {binary.parent} (llama.cpp's C++ server is built there by `make engine`)"
+    try:
+        gguf_path()
+    except ModelError as exc:
+        return str(exc)
+    return None
+
+
+def native_server_command(gguf: str | os.PathLike[str], port: int, *extra: str, binary: Path | None = None,
+                          threads: int = THREADS, parallel: int = 1, n_ctx: int = N_CTX) -> list[str]:
+    """llama-server serving ``gguf`` on 127.0.0.1:port with ``parallel`` slots of ``n_ctx`` tokens each.
+
+    ``-c`` is the context of all slots together (llama.cpp splits it among
+    them); continuous batching is its default, as our engine's is; no web UI.
+    """
+    return [
+        str(binary or NATIVE_SERVER), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "--threads", str(threads), "--threads-batch", str(threads),
+        "--parallel", str(parallel), "--ctx-size", str(n_ctx * parallel), "--no-webui",
         *extra,
     ]  # fmt: skip
 
@@ -194,7 +226,48 @@ class LlamaServer:
         return f"<LlamaServer {self.url} {state}>"
 
 
-def chat_stream_timing(port: int, prompt: str, tokens: int, *, model: str = "default") -> tuple[float, float, int]:
+class LlamaCppServer(LlamaServer):
+    """``with LlamaCppServer(parallel=16) as engine:`` llama.cpp's own C++ server, ``parallel`` slots batched.
+
+    Like :class:`LlamaServer` (the same log, start, stop), but the binary
+    ``scripts/llama_server.sh`` builds, ready once ``GET /health`` says 200
+    (it answers 503 while it loads the model).
+    """
+
+    def __init__(self, gguf: str | os.PathLike[str] | None = None, *extra: str, port: int = 0,
+                 threads: int = THREADS, parallel: int = 1, start_timeout: float = START_TIMEOUT,
+                 binary: Path | None = None) -> None:
+        super().__init__(gguf, port=port, threads=threads, start_timeout=start_timeout)
+        self.binary = binary or NATIVE_SERVER
+        self.parallel = parallel
+        self.args = native_server_command(self.gguf, self.port, *extra, binary=self.binary, threads=threads,
+                                          parallel=parallel)
+
+    def start(self) -> LlamaServer:
+        reason = native_unavailable_reason(self.binary)
+        if reason:
+            raise EngineError(reason)
+        with tempfile.NamedTemporaryFile(prefix="streamlab-llama-server-", suffix=".log", delete=False) as log:
+            self.log_path = Path(log.name)
+            self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def models(self, timeout: float = 5.0) -> list[str]:
+        get_json_sync(self.port, "/health", timeout=timeout)  # 503 (a ClientError) while the model loads
+        return super().models(timeout)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<LlamaServer", f"<LlamaCppServer x{self.parallel}")
+
+
+def chat_stream_timing(port: int, prompt: str, tokens: int, *, model: str = "default",
+                       extra: dict | None = None) -> tuple[float, float, int]:
     """One streamed OpenAI chat completion (greedy): time to its first text, pieces/s after it, pieces.
 
     What ``benchmarks/decode_formats.py`` holds llama.cpp's server to, beside
@@ -208,7 +281,7 @@ def chat_stream_timing(port: int, prompt: str, tokens: int, *, model: str = "def
     from streamlab.client import timed as client
 
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "temperature": 0.0, "stream": True}
+            "temperature": 0.0, "stream": True, **(extra or {})}
     trace = asyncio.run(client.post(port, "/v1/chat/completions", body))
     arrivals = [e.t for e in trace.events if e.kind == "text" and e.text]
     if not arrivals:
