@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlab.model.generation import HANDOVER_WAIT
+from streamlab.model.openmp import release_idle_team
 from streamlab.protocol.endings import ERROR
 
 # A row that misses this many steps in a row (its reader is behind, or it is
@@ -150,6 +151,7 @@ class BatchedEngine:
         with self._cond:
             self._inbox.append(gen)
             if self._thread is None:
+                release_idle_team()  # the loop's thread gets the CPU's OpenMP threads to itself (model.openmp)
                 self._thread = threading.Thread(target=self._loop, name="streamlab-batched", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -203,6 +205,8 @@ class BatchedEngine:
         """Move submitted generations in; False (and the thread ends) after IDLE_EXIT seconds with none."""
         with self._cond:
             if not self._inbox and not (self._reading or self._batch or self._outside):
+                # Idle: its OpenMP workers would slow whichever thread runs the model meanwhile (model.openmp).
+                release_idle_team()
                 self._cond.wait_for(lambda: bool(self._inbox), IDLE_EXIT)
                 if not self._inbox:
                     self._thread = None

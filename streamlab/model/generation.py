@@ -34,6 +34,7 @@ from streamlab.net.aio import run_sync
 from streamlab.model.backlog import Backlog
 from streamlab.model.lifecycle import GenerationResult, Lifecycle, Piece  # callers import Piece and the result from here too
 from streamlab.model.sampling import Sampler
+from streamlab.model.openmp import release_idle_team
 from streamlab.protocol.endings import EOS, ERROR, SLOW_READER, STOPPED
 
 # Prompt tokens per forward pass while reading a prompt (0 or None: all in one pass).
@@ -420,6 +421,7 @@ class Generation(PieceStream):
         if self.scheduler is not None:
             self.scheduler.submit(self)  # its loop makes the moves below
             return self
+        release_idle_team()  # this thread's idle OpenMP workers would slow the model's (model.openmp)
         self._thread = threading.Thread(target=self._run, name="streamlab-generation", daemon=True)
         self._thread.start()
         return self

@@ -156,6 +156,9 @@ def in_new_thread(function: Any, *args: Any) -> Any:
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             out["error"] = exc
 
+    from streamlab.model.openmp import release_idle_team
+
+    release_idle_team()  # as a server does before its model's thread: one OpenMP team in the process
     thread = threading.Thread(target=run, name="streamlab-bare-loop")
     thread.start()
     thread.join()
