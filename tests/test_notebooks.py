@@ -25,7 +25,9 @@ QUICK: dict[str, dict] = {
     "03_bytes_on_the_wire": {"n_prompts": 1, "max_tokens": 30},
     # Chapter 3's sizes, so that in one folder chapter 4 reads the answers chapter 3 made (test_04_the_reader).
     "04_the_reader": {"n_prompts": 1, "max_tokens": 30, "wpm": 300.0},  # not 238: every figure must follow wpm
-    "05_when_the_user_leaves": {"max_tokens": 40, "leave_after": 10},
+    # 80 tokens: a model at 60-90 tokens/s (one OpenMP team) ran a 40-token answer to its end before a reader's
+    # goodbye after 10 pieces reached it.
+    "05_when_the_user_leaves": {"max_tokens": 80, "leave_after": 10},
     "06_the_proxy": {"max_tokens": 40, "leave_after": 10, "pause_after": 3, "pause_seconds": 2.0,
                      "idle_timeout": 1.0, "ping_interval": 0.3, "stop_rounds": 2},
     "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
@@ -306,8 +308,11 @@ def test_05_when_the_user_leaves(tmp_path):
     assert f["sse_naive"] == f["ws_close_naive"] == f["complete_naive"] == f["max_tokens"]
     assert f["complete_at_stop"] == watching[f"/complete, gives up after {leave} tokens"]["made when it heard"]
     signals = {(r["case"].split(",")[0], r["server"]): r["noticed by"] for r in f["rows"]}
-    assert signals[("SSE", "watching")] == "eof"
-    assert signals[("WebSocket", "watching")] in {"stop_message", "close_frame", "eof"}
+    ran_out = {r["case"].split(",")[0] for r in watching.values() if r["made when it heard"] is None}
+    assert signals[("SSE", "watching")] == (None if "SSE" in ran_out else "eof")
+    assert signals[("WebSocket", "watching")] in ({None} if "WebSocket" in ran_out else
+                                                  {"stop_message", "close_frame", "eof"})
+    assert len(ran_out) <= 1, ran_out  # the answers are long enough for a reader to leave most of them mid-way
     gone = f["vanished"]
     if "skipped" in gone:
         assert not os.environ.get("CI"), f"CI runs as root with nftables installed: {gone['skipped']}"

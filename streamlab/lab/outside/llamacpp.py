@@ -107,7 +107,7 @@ def native_unavailable_reason(binary: Path | None = None) -> str | None:
     """Why ``LlamaCppServer`` cannot run here, or None when it can."""
     binary = binary or NATIVE_SERVER
     if not binary.is_file():
-        return f"no {binary.name} in {binary.parent} (llama.cpp's C++ server is built there by `make engine`)"
+        return f"no {binary.name} in {binary.parent.parent.name}/{binary.parent.name} (`make engine` builds it there)"
     try:
         gguf_path()
     except ModelError as exc:
