@@ -596,4 +596,8 @@ def load_model(
             runner=runner,
         )
         _LOADED[key] = loaded
+        # The conversions made this thread an OpenMP team; the model runs on another thread (model.openmp).
+        from streamlab.model.openmp import release_idle_team
+
+        release_idle_team()
         return loaded

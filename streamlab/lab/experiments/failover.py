@@ -42,7 +42,7 @@ from typing import Any
 from streamlab.client import timed
 from streamlab.client.event_source import EventSourceRun, event_source
 from streamlab.client.timed_websocket import websocket
-from streamlab.client.tracing import last_id
+from streamlab.client.tracing import Trace, TraceEvent, last_id
 from streamlab.hops.nginx import NginxProcess
 from streamlab.lab.experiments.redis_restart import RestartableRedis, restartable_redis
 from streamlab.lab.setups.replicas import run_balancer, start_replicas, start_workers
@@ -364,9 +364,9 @@ async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int 
     down_s = time.perf_counter() - killed
     start_s = await asyncio.to_thread(c.redis.start)
     back = time.perf_counter()
-    new, rest = await asyncio.gather(_new_work(c.balancer.port, new_tokens, back),
-                                     timed.events(c.balancer.port, created["events"], last_event_id=last_id(first),
-                                                  timeout=60))
+    new, rests = await asyncio.gather(_new_work(c.balancer.port, new_tokens, back),
+                                      _read_on(c.balancer.port, created["events"], last_id(first)))
+    rest = _joined(rests)
     end = next((e for e in rest.events if e.kind == "end"), None)
     stored = await timed.get_json(c.balancer.port, f"/generations/{created['id']}")
     error = (ended.data or {}).get("error", {}) if ended is not None and isinstance(ended.data, dict) else {}
@@ -381,6 +381,7 @@ async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int 
         "down_s": down_s, "redis_start_s": start_s,
         "new_refused": new["refused"], "new_first_text_s": new["first_text_s"],
         "rest_text_events": len(rest.text_events), "rest_end": end.data if end is not None else None,
+        "rest_connections": len(rests),
         "rest_done_s": rest.sent + rest.end - back if rest.end is not None else None,
         # Whole: the reader's two reads together are the stored answer, all its tokens, no piece twice.
         "answer_whole": end is not None and end.data.get("tokens") == max_tokens
@@ -404,6 +405,36 @@ async def _health_until(port: int, status: int, timeout: float = 10.0) -> dict:
         if reply.status == status or time.perf_counter() - began > timeout:
             return {"status": reply.status, "redis": reply.json().get("redis"), "s": time.perf_counter() - began}
         await asyncio.sleep(0.05)
+
+
+async def _read_on(port: int, path: str, last: str | None, timeout: float = 30.0) -> list[Trace]:
+    """Read on from ``last`` once Redis is back, asking again after a refusal or an error, to the answer's end.
+
+    Right after Redis's return a replica may not have its connection back yet:
+    it refuses (503) or ends the stream with an error event. The reader waits
+    the stream's ``retry`` (0.5 s without one) and asks again with its last id,
+    as a page's own reconnect code would (an ``EventSource`` gives up on a 503).
+    """
+    traces: list[Trace] = []
+    deadline = time.perf_counter() + timeout
+    while True:
+        trace = await timed.events(port, path, last_event_id=last, timeout=60)
+        traces.append(trace)
+        if any(e.kind == "end" for e in trace.events) or trace.status == 204 or time.perf_counter() > deadline:
+            return traces
+        last = last_id(trace) or last
+        await asyncio.sleep((trace.retry or 500) / 1000)
+
+
+def _joined(traces: list[Trace]) -> Trace:
+    """The reads of one reader as one: the last one's clock, every read's text and events in order."""
+    last = traces[-1]
+    joined = Trace(way=last.way, sent=last.sent, status=last.status, end=last.end, chunks=list(last.chunks))
+    for trace in traces:
+        joined.events += [TraceEvent(trace.sent + e.t - last.sent, e.kind, e.text, e.nbytes, e.data, e.id)
+                          for e in trace.events]
+        joined.text += trace.text
+    return joined
 
 
 async def _new_work(port: int, tokens: int, since: float, timeout: float = 30.0) -> dict:
