@@ -168,13 +168,24 @@ class LlamaServer:
             return self.log_path.read_bytes()[-last:].decode("utf-8", "replace")
         return ""
 
-    def start(self) -> LlamaServer:
-        reason = unavailable_reason(self.venv)
-        if reason:
-            raise EngineError(reason)
+    LOG_PREFIX = "streamlab-llama-"
+
+    def unavailable(self) -> str | None:
+        """Why it cannot start here, or None."""
+        return unavailable_reason(self.venv)
+
+    def environment(self) -> dict[str, str]:
+        """Its environment: ours, less what would point its Python at our venv."""
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env["PYTHONUNBUFFERED"] = "1"
-        with tempfile.NamedTemporaryFile(prefix="streamlab-llama-", suffix=".log", delete=False) as log:
+        return env
+
+    def start(self) -> LlamaServer:
+        reason = self.unavailable()
+        if reason:
+            raise EngineError(reason)
+        env = self.environment()
+        with tempfile.NamedTemporaryFile(prefix=self.LOG_PREFIX, suffix=".log", delete=False) as log:
             self.log_path = Path(log.name)
             self.process = subprocess.Popen(
                 self.args,
@@ -243,20 +254,13 @@ class LlamaCppServer(LlamaServer):
         self.args = native_server_command(self.gguf, self.port, *extra, binary=self.binary, threads=threads,
                                           parallel=parallel)
 
-    def start(self) -> LlamaServer:
-        reason = native_unavailable_reason(self.binary)
-        if reason:
-            raise EngineError(reason)
-        with tempfile.NamedTemporaryFile(prefix="streamlab-llama-server-", suffix=".log", delete=False) as log:
-            self.log_path = Path(log.name)
-            self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    LOG_PREFIX = "streamlab-llama-server-"
+
+    def unavailable(self) -> str | None:
+        return native_unavailable_reason(self.binary)
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
 
     def models(self, timeout: float = 5.0) -> list[str]:
         get_json_sync(self.port, "/health", timeout=timeout)  # 503 (a ClientError) while the model loads
