@@ -36,11 +36,15 @@ __all__ = ["release_idle_team"]
 OMP_PAUSE_SOFT = 1  # omp_pause_soft: free the threads, keep the settings
 
 
-@functools.lru_cache(maxsize=1)
 def _libgomp() -> Any:
-    """torch's own libgomp (the copy its operations use), or None where there is none to ask."""
+    """torch's own libgomp (the copy its operations use), or None where there is none to ask (yet: no torch)."""
     if not sys.platform.startswith("linux") or "torch" not in sys.modules:
         return None
+    return _find_libgomp()
+
+
+@functools.lru_cache(maxsize=1)
+def _find_libgomp() -> Any:
     path = None
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
