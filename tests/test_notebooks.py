@@ -33,7 +33,7 @@ QUICK: dict[str, dict] = {
     "07_persisting_partial_answers": {"max_tokens": 30, "leave_after": 6, "fail_after": 4},
     "08_reconnect_and_resume": {"max_tokens": 40, "drop_after": 10, "max_connections": 3, "es_tokens": 6},
     "09_a_stranger_at_the_door": {"long_prompt_tokens": 1500, "leave_after": 1.5, "readers": [1, 8, 12],
-                                  "answer_tokens": 4, "slow_connections": 5, "head_timeout": 1.0},
+                                  "answer_tokens": 8, "slow_connections": 5, "head_timeout": 1.0},
     "10_the_formats_people_actually_use": {"max_tokens": 16, "cut_after": 4, "relay_tokens": 30, "leave_after": 10},
     "11_serving_many_readers": {"overhead_tokens": 8, "overhead_rounds": 1, "stream_levels": [20], "ws_levels": [20],
                                 "stream_tokens": 10, "load_concurrency": [1, 2], "load_tokens": 6,
@@ -437,7 +437,10 @@ def test_09_a_stranger_at_the_door(tmp_path):
     unlimited = [r for r in crowd if r["server"] == "no limit"]
     assert len(defaults) == 8 and all(r["status"] == 200 for r in defaults)  # a line, not a refusal
     assert all(r["time per token (s)"] is not None for r in defaults)
-    assert sum(r["status"] == 503 for r in refusing) == 6 and sum(r["status"] == 200 for r in refusing) == 2
+    # Two at once, the rest refused: two served at least, and one more only where a slot came free while the
+    # eight requests arrived (a clean-clone run had 3 and 5 once the model made 60-90 tokens/s).
+    served, refused = (sum(r["status"] == code for r in refusing) for code in (200, 503))
+    assert served + refused == 8 and 2 <= served <= 3 and refused >= 5, (served, refused)
     assert all(r["status"] == 200 for r in unlimited) and all(r["ahead on arrival"] is None for r in unlimited)
     bigger = [r for r in f["crowd"] if r["readers"] == 12 and r["server"].startswith("defaults")]
     assert all(r["status"] == 200 for r in bigger)  # past the batch, they wait their turn and are served
