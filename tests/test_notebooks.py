@@ -488,9 +488,10 @@ def test_10_the_formats_people_actually_use(tmp_path):
     relayed = [r for r in f["truncation"] if r["path"] != "cut by the hop"]
     # The relay turns the cut into each format's error: the Chat Completions and Messages SDKs raise it...
     assert relayed and all(r["raised"] for r in relayed if r["format"] != "OpenAI Responses events")
-    # ... and the Responses SDK hands response.failed over as one more event, which the reading counts as told.
+    # ... and the Responses SDK hands response.failed over as one more event, which the reading counts as told, or
+    # raises, where the cut falls before its stream is under way (a clean-clone run): told either way.
     behind = [r for r in relayed if r["format"] == "OpenAI Responses events"]
-    assert len(behind) == 1 and behind[0]["raised"] is False and behind[0]["the reader said it was cut"]
+    assert len(behind) == 1 and behind[0]["the reader said it was cut"]
     assert behind[0]["failure event it handed over"].startswith("response.failed: ")
     assert {r["format"] for r in relayed} == set(formats) - {"streamlab SSE"}
     relay = {r["path"]: r for r in f["relay"]}
