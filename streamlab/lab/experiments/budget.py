@@ -126,14 +126,12 @@ def token_budget(lm: Any, *, tokens: int = 48, prompt: str = PROMPT, socket_ms: 
 
 def llama_cpp_token_ms(tokens: int = 48, prompt: str = PROMPT) -> tuple[float | None, str]:
     """llama.cpp's own server's time a token on the embedded GGUF (its stream's pieces), or None and why not."""
-    import os
-
-    from streamlab.lab.outside.llamacpp import LlamaCppServer, chat_stream_timing, native_unavailable_reason
+    from streamlab.lab.outside.llamacpp import LlamaCppServer, chat_stream_timing, cores, native_unavailable_reason
 
     reason = native_unavailable_reason()
     if reason:
         return None, reason
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = cores()
     with LlamaCppServer(threads=threads) as engine:
         chat_stream_timing(engine.port, prompt, 2, extra={"ignore_eos": True})  # its first request warms it up
         _, rate, _ = chat_stream_timing(engine.port, prompt, tokens, extra={"ignore_eos": True})

@@ -275,16 +275,13 @@ def _servers(stack: contextlib.ExitStack, engines: Sequence[str], concurrency: S
         stack.callback(lambda: [server.stop() for server in started.values()])
         servers.update({engine: (started[engine].port, ask_stream) for engine in ours})
     if LLAMA_CPP in engines:
-        import os
-
-        from streamlab.lab.outside.llamacpp import LlamaCppServer, native_unavailable_reason
+        from streamlab.lab.outside.llamacpp import LlamaCppServer, cores, native_unavailable_reason
 
         reason = native_unavailable_reason()
         if reason:
             say(f"load: llama.cpp not measured: {reason}")
         else:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            engine = stack.enter_context(LlamaCppServer(parallel=room(concurrency), threads=threads))
+            engine = stack.enter_context(LlamaCppServer(parallel=room(concurrency), threads=cores()))
             servers[LLAMA_CPP] = (engine.port, ask_chat)
     return servers
 

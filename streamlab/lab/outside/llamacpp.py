@@ -29,7 +29,7 @@ from streamlab.model.loading import ModelError, embedded_gguf
 from streamlab.lab.results.records import REPO
 from streamlab.net.processes import die_with_parent, free_port, stop_process
 
-__all__ = ["ENGINE_VENV", "LlamaCppServer", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path",
+__all__ = ["ENGINE_VENV", "LlamaCppServer", "cores", "LlamaServer", "EngineError", "chat_stream_timing", "gguf_path",
            "llama_server_command", "native_server_command", "native_unavailable_reason", "unavailable_reason"]
 
 ENGINE_VENV = Path(os.environ.get("STREAMLAB_ENGINE_VENV") or REPO / ".venv-engine")
@@ -101,6 +101,11 @@ def llama_server_command(
         "--interrupt_requests", "False",
         *extra,
     ]  # fmt: skip
+
+
+def cores() -> int:
+    """The cores this process may run on: the threads llama.cpp gets as a yardstick, as torch has them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def native_unavailable_reason(binary: Path | None = None) -> str | None:
