@@ -342,8 +342,12 @@ def test_06_the_proxy(tmp_path):
     assert honor["first_event"] < 0.75 * honor["end"]
     direct = paths["direct"]
     assert direct["first_event"] < 0.75 * direct["end"]
-    # The reader's longest silence tells the two apart: through the buffering hop it is the whole wait.
-    assert buffering["longest_silence"] >= 0.9 * buffering["end"] > direct["longest_silence"]
+    # The reader's longest silence tells the two apart: through the buffering hop it is the whole wait; on the
+    # direct path a part of it, each against its own wait. The two answers are timed seconds apart, so one of a
+    # loaded machine's stalls can make the direct reader's silence longer than the whole buffered answer (2.23 s
+    # against 1.54 s in a clean-clone run beside the other worker): across paths the seconds prove nothing.
+    assert buffering["longest_silence"] >= 0.9 * buffering["end"]
+    assert direct["longest_silence"] < 0.75 * direct["end"]
     assert f["idle_died_without_pings"] is True
     assert f["idle_survived_with_pings"] is True
     if os.environ.get("CI") or find_nginx():
@@ -492,7 +496,7 @@ def test_10_the_formats_people_actually_use(tmp_path):
     # raises, where the cut falls before its stream is under way (a clean-clone run): told either way.
     behind = [r for r in relayed if r["format"] == "OpenAI Responses events"]
     assert len(behind) == 1 and behind[0]["the reader said it was cut"]
-    assert behind[0]["failure event it handed over"].startswith("response.failed: ")
+    assert behind[0]["failure event it handed over"].startswith("response.failed: "), behind[0]["what it raised"]
     assert {r["format"] for r in relayed} == set(formats) - {"streamlab SSE"}
     relay = {r["path"]: r for r in f["relay"]}
     leave = f["leave_after"]
