@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from streamlab.model import decode_cache
+from streamlab.model import decode_cache, fast_decode
 
 WEIGHTS = ("float32", "bfloat16", "int8", "int4")  # what one copy of the weights can be
 INT8_MAX = 127
@@ -463,11 +463,17 @@ def make_runner(model: nn.Module, name: str | DecodeFormat, *, cache: Path | Non
     """
     fmt = get_format(name)
     if fmt.prefill == "float32" and fmt.decode == "float32":
-        return DecodeRunner(fmt, model)
+        return _fast(DecodeRunner(fmt, model))
     prefill = model if fmt.prefill == "float32" else convert_weights(model, fmt.prefill, cache=cache)
     if not fmt.split:
-        return DecodeRunner(fmt, prefill)
-    return DecodeRunner(fmt, prefill, convert_weights(model, fmt.decode, cache=cache))
+        return _fast(DecodeRunner(fmt, prefill))
+    return _fast(DecodeRunner(fmt, prefill, convert_weights(model, fmt.decode, cache=cache)))
+
+
+def _fast(runner: DecodeRunner) -> DecodeRunner:
+    """The runner with its decode copy's steps routed through :mod:`streamlab.model.fast_decode` where it runs."""
+    fast_decode.install(runner.decode_model)
+    return runner
 
 
 def _routed(runner: DecodeRunner, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -500,8 +506,8 @@ def prepare_model(model: nn.Module, name: str | DecodeFormat, *, cache: Path | N
     fmt = get_format(name)
     if not fmt.split:
         converted = convert_weights(model, fmt.decode, copy_model=False, cache=cache)
-        return converted, DecodeRunner(fmt, converted)
-    runner = DecodeRunner(fmt, model, convert_weights(model, fmt.decode, cache=cache))
+        return converted, _fast(DecodeRunner(fmt, converted))
+    runner = _fast(DecodeRunner(fmt, model, convert_weights(model, fmt.decode, cache=cache)))
     model.forward = _routed(runner, model.forward)
     return model, runner
 
