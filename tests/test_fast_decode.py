@@ -88,6 +88,8 @@ def test_what_the_step_was_not_written_for_goes_to_transformers():
     assert not fast.takes({**one, "output_hidden_states": True})  # an argument it does not know
     assert not fast.takes({**one, "use_cache": False})
     assert not fast.takes({**one, "cache": None})
+    assert not fast.takes({**one, "attention_mask": torch.ones(1, 1, 1, 4)})  # the caller's own 4-D pattern
+    assert not fast.takes({**one, "logits_to_keep": torch.tensor([0])})
     # greedy's prompt and its steps both pass the router: the tokens are transformers' own.
     runner_ids = [1, 2, 3, 4, 5]
     from streamlab.model.precision import DecodeRunner

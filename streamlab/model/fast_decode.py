@@ -158,10 +158,13 @@ class FastDecode:
     def takes(self, kwargs: dict[str, Any]) -> bool:
         """True for a call this step was written for: one token per row, onto a cache that holds the prompt."""
         ids, cache = kwargs.get("input_ids"), kwargs.get("cache", kwargs.get("past_key_values"))
-        if not set(kwargs) <= KNOWN_ARGS or kwargs.get("use_cache") is False or kwargs.get("logits_to_keep", 1) > 1:
+        keep, mask, positions = kwargs.get("logits_to_keep", 1), kwargs.get("attention_mask"), kwargs.get("position_ids")
+        if not set(kwargs) <= KNOWN_ARGS or kwargs.get("use_cache") is False or not isinstance(keep, int) or keep > 1:
             return False
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1:
             return False
+        if (mask is not None and mask.dim() != 2) or (positions is not None and positions.shape != ids.shape):
+            return False  # a 4-D mask is the caller's own attention pattern; positions one per row, or none
         layers = getattr(cache, "layers", None)
         if not layers or len(layers) != len(self.layers) or getattr(cache, "offloading", False):
             return False
