@@ -55,6 +55,18 @@ def test_the_rule_takes_the_fastest_that_keeps_the_first_token_and_the_model():
     assert pick({"a": row(2.0, first=1.2)}) == "float32"
 
 
+def test_formats_the_rounds_cannot_tell_apart_go_to_the_quicker_first_token():
+    def rounds(median, low, high, first):
+        return {**row(median, first=first), "speedup_range": [low, high]}
+
+    # int4 and split-int4 as one EPYC measured them: medians 4.90 and 4.97, rounds overlapping.
+    rows = {"float32": row(1.0), "int4": rounds(4.90, 4.68, 4.93, 0.53), "split-int4": rounds(4.97, 4.68, 5.00, 1.01)}
+    assert pick(rows) == "int4"
+    # Rounds apart: the faster one, whatever its first token (within the 10%).
+    rows["split-int4"] = rounds(5.6, 5.2, 5.9, 1.01)
+    assert pick(rows) == "split-int4"
+
+
 def test_each_kind_gets_its_own_measurement_and_an_unmeasured_one_what_is_safe_everywhere():
     table = {
         "amx": {"measured": "then", "formats": {"float32": row(1.0), "x": row(1.6), "y": row(0.8)}},

@@ -45,12 +45,27 @@ def pick(rows: dict[str, dict[str, Any]]) -> str:
     """The rule: fastest decode among formats with first token ≤ 10% slower and perplexity within 2%.
 
     Within 2% either way: a format that scores much better than the weights
-    it was made from is a different model, not a free gift. ``rows`` maps a
-    format to its ``speedup``, ``first_slowdown`` and ``ppl_change`` (%), all
-    against float32 (which passes by definition).
+    it was made from is a different model, not a free gift. "Fastest" is what
+    the rounds can tell apart: a format whose rounds reach into the fastest
+    one's (its best round at least that one's worst) is as fast, and of those
+    the one with the quicker first token wins (int4 and split-int4 decode with
+    the same weights, and their medians swapped places between two runs on
+    one machine). ``rows`` maps a format to its ``speedup`` (and its rounds'
+    ``speedup_range``, where measured), ``first_slowdown`` and ``ppl_change``
+    (%), all against float32 (which passes by definition).
     """
     fit = [name for name in rows if passes(rows[name])]
-    return max(fit, key=lambda name: rows[name]["speedup"]) if fit else SAFE
+    if not fit:
+        return SAFE
+    best = max(fit, key=lambda name: rows[name]["speedup"])
+    floor = _rounds(rows[best])[0]
+    tied = [name for name in fit if _rounds(rows[name])[1] >= floor]
+    return min(tied, key=lambda name: (rows[name]["first_slowdown"], -rows[name]["speedup"]))
+
+
+def _rounds(row: dict[str, Any]) -> tuple[float, float]:
+    low, high = row.get("speedup_range") or (row["speedup"], row["speedup"])
+    return float(low), float(high)
 
 
 def passes(row: dict[str, Any]) -> bool:
