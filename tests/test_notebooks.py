@@ -16,6 +16,11 @@ from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = [pytest.mark.notebook]
 
+# How a server hears that the connection under an answer closed: end-of-file on it, or a write it made after the
+# peer's FIN that failed (the peer had gone: its reset came back). Which comes first is a race between the
+# server's read and its next write (chapter 6's nginx reader had a failed write once, AVX2's kernels).
+CLOSE_HEARD = ("eof", "write_failed")
+
 # CI-sized parameters per chapter (faithful defaults stay in the notebooks).
 QUICK: dict[str, dict] = {
     "01_split_characters": {"cost_lengths": [128, 512], "generate_tokens": 60},  # 30 ends inside an emoji (a broken tail)
@@ -359,7 +364,7 @@ def test_06_the_proxy(tmp_path):
         # nginx closes its upstream connection when the reader leaves: the server hears it and stops within a token
         # or two (counted from when it heard: before that, the model's lead over a reader on a loaded machine).
         left = f["nginx_left"]
-        assert left["client_left"] and left["stop_signal"] == "eof"
+        assert left["client_left"] and left["stop_signal"] in CLOSE_HEARD
         assert QUICK["06_the_proxy"]["leave_after"] <= left["tokens_at_stop"] and left["tokens"] - left["tokens_at_stop"] <= 2
         # SSE or WebSocket: nginx's defaults pass the event stream and refuse the upgrade; the three lines fix it.
         plain, upgraded = f["nginx_websocket"]
@@ -715,13 +720,14 @@ def test_14_many_streams_in_one_browser(tmp_path):
         answer = sorted(s["end"] - s["first_event"] for s in streams)[4]
         assert (max(firsts) - min(firsts)) / answer < 0.25  # all 8 start together: a sliver of one answer
     # The page's stop on one stream of eight: over HTTP/1.1 its connection closes; over HTTP/2 the browser resets
-    # the stream and nginx closes that stream's upstream connection. Either way the server reads EOF and stops
-    # within a token or two (chapter 5's bound), and the seven others read their whole answers.
+    # the stream and nginx closes that stream's upstream connection. Either way the server hears the close and
+    # stops within a token or two of hearing it (chapter 5's bound), and the seven others read their whole answers.
     cancels = f["cancels"]
     assert set(cancels) == ({DIRECT, HTTP2_TLS} if f["have_nginx"] else {DIRECT})
     for label, cancel in cancels.items():
-        assert cancel["pieces read"] == f["stop_after"] and cancel["noticed by"] == "eof", label
-        assert 0 <= cancel["tokens after the close"] <= 2 and cancel["stored as"] == "client_left", label
+        assert cancel["pieces read"] == f["stop_after"] and cancel["noticed by"] in CLOSE_HEARD, label
+        assert cancel["pieces read"] <= cancel["made when it heard"], label  # it heard no sooner than the close
+        assert 0 <= cancel["tokens after it heard"] <= 2 and cancel["stored as"] == "client_left", label
         assert cancel["the others whole"], label
 
 

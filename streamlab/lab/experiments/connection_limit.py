@@ -214,8 +214,14 @@ def cancelled_on(server_port: int, events: Sequence[str], timings: Sequence[Stre
     record = mine[-1] if mine else {}
     closed = timings[stream - 1]
     others = [t for t in timings if t.stream != stream]
+    heard = record.get("tokens_at_stop")
+    # Counted from the page's close, the model's lead over the page and the close's way to the server are in it
+    # (7 tokens over HTTP/2 through nginx with AVX2's kernels, beside another worker); from when the server heard
+    # it, only what the server did: chapters 5 and 6 count both.
     return {"stream": stream, "pieces read": closed.pieces, "tokens made": record.get("tokens"),
             "tokens after the close": None if not record else record["tokens"] - closed.pieces,
+            "made when it heard": heard,
+            "tokens after it heard": None if not record or heard is None else record["tokens"] - heard,
             "noticed by": record.get("stop_signal"), "stored as": record.get("stored_reason"),
             "the others whole": all(t.pieces == tokens and t.errors == 0 for t in others)}
 
