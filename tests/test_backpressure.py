@@ -268,6 +268,24 @@ def read_all(sock: socket.socket) -> Trace:
     return trace
 
 
+def _compact(queues: dict) -> str:
+    """One line of a /debug/queues snapshot: the first generation's backlog and the first connection's buffers."""
+    gen = (queues["generations"] or [{}])[0]
+    conn = (queues["connections"] or [{}])[0]
+    return (f"t={queues['time']:.2f} gen tokens={gen.get('tokens')} sent={gen.get('pieces_sent')} "
+            f"queued={gen.get('queued')} most={gen.get('most_queued')} handed={gen.get('handed')} "
+            f"taken={gen.get('taken')} waiting_for={gen.get('waiting_for')} waited={gen.get('waited')} "
+            f"stopped_by={gen.get('stopped_by')} ended={gen.get('ended')} | conn buffer={conn.get('write_buffer')} "
+            f"unsent={conn.get('kernel_unsent')} sent={conn.get('bytes_sent')}")
+
+
+def _failed(seen: list[str], log: list[dict]) -> str:
+    """Every 20th snapshot and the last, then the log's records, each field: short enough that pytest shows it all."""
+    shown = [*seen[::20], seen[-1]] if seen else []
+    records = [json.dumps({k: v for k, v in r.items() if k not in ("prompt", "text")}, default=str) for r in log]
+    return "\n".join(["not stopped in 30 s; the queues:", *shown, "the log:", *records])
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_a_reader_too_slow_is_stopped_and_the_reason_reaches_log_store_and_ending(path):
     messages = [{"role": "user", "content": "Tell me about the keeper."}]
@@ -278,15 +296,17 @@ def test_a_reader_too_slow_is_stopped_and_the_reason_reaches_log_store_and_endin
     with serving(lm, max_queued=16, slow_reader_timeout=0.5, write_timeout=0) as server:
         sock = slow_socket(server.port, path, body)
         try:
-            deadline = time.monotonic() + 30
+            deadline, seen = time.monotonic() + 30, []
             while True:  # the kernel's and asyncio's buffers fill first, then the queue, then it waits
                 queues = client.get_json_sync(server.port, "/debug/queues")
                 generations = queues["generations"]
                 if generations and generations[0]["stopped_by"] == SLOW_READER:
                     break
-                # Once (one clean-clone run, three workers) neither the connection nor the generation was there for
-                # the whole 30 s: the server's log of the request says how it went, where that happens again.
-                assert time.monotonic() < deadline, (queues, client.get_json_sync(server.port, "/log"))
+                seen.append(_compact(queues))
+                # Twice in clean-clone runs beside other workers, the generation was not stopped in 30 s, and at the
+                # end neither it nor its connection was there. What the queues went through, and the server's log
+                # of the request, say why where it happens again.
+                assert time.monotonic() < deadline, _failed(seen, client.get_json_sync(server.port, "/log"))
                 time.sleep(0.05)
             # The bound, and after the stop the piece in hand and the detokenizer's last text.
             assert generations[0]["most_queued"] <= 16 + 2 and generations[0]["waited"] >= 0.5
