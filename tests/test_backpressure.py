@@ -296,21 +296,29 @@ def test_a_reader_too_slow_is_stopped_and_the_reason_reaches_log_store_and_endin
     with serving(lm, max_queued=16, slow_reader_timeout=0.5, write_timeout=0) as server:
         sock = slow_socket(server.port, path, body)
         try:
-            deadline, seen = time.monotonic() + 30, []
-            while True:  # the kernel's and asyncio's buffers fill first, then the queue, then it waits
+            deadline, seen, caught, stopped = time.monotonic() + 30, [], None, False
+            most_queued = most_buffered = 0
+            while not stopped:  # the kernel's and asyncio's buffers fill first, then the queue, then it waits
                 queues = client.get_json_sync(server.port, "/debug/queues")
-                generations = queues["generations"]
+                generations, connections = queues["generations"], queues["connections"]
+                most_queued = max([most_queued, *(g["most_queued"] for g in generations)])
+                most_buffered = max([most_buffered, *(c["write_buffer"] for c in connections)])
                 if generations and generations[0]["stopped_by"] == SLOW_READER:
-                    break
+                    caught, stopped = generations[0], True
+                    continue
                 seen.append(_compact(queues))
-                # Twice in clean-clone runs beside other workers, the generation was not stopped in 30 s, and at the
-                # end neither it nor its connection was there. What the queues went through, and the server's log
-                # of the request, say why where it happens again.
-                assert time.monotonic() < deadline, _failed(seen, client.get_json_sync(server.port, "/log"))
+                # Where asyncio's buffer was under its 64 KiB when the stop came, the ending went straight in, the
+                # job ended and the server closed its side within one poll: the log then says it was stopped
+                # (a clean-clone run beside other workers: stopped 1.8 s in, gone before the next poll).
+                log = client.get_json_sync(server.port, "/log")
+                stopped = any(r.get("stop_signal") == SLOW_READER and r.get("done") for r in log)
+                assert stopped or time.monotonic() < deadline, _failed(seen, log)
                 time.sleep(0.05)
-            # The bound, and after the stop the piece in hand and the detokenizer's last text.
-            assert generations[0]["most_queued"] <= 16 + 2 and generations[0]["waited"] >= 0.5
-            assert queues["connections"][0]["write_buffer"] >= 64 * 1024  # asyncio's buffer is full, and waits
+            # The bound on the queue, whenever it was seen; and, where the stop was caught running, the wait it
+            # took and asyncio's buffer full (the ending then waits for the reader).
+            assert most_queued <= 16 + 2
+            if caught is not None:
+                assert caught["waited"] >= 0.5 and most_buffered >= 64 * 1024
             trace = read_all(sock)  # the reader catches up: every piece made, then the ending
         finally:
             sock.close()
