@@ -577,8 +577,11 @@ def test_12_what_else_sits_between(tmp_path):
     assert {r["hop"] for r in rows.values()} >= {"gzip", "platform limit", "buffering runtime"}
     p = f["paths"]
     # One scripted source at a fixed rate, read by every hop at once: a row is its hop's. Direct, and through each
-    # fix for a hop that held the stream, the first event comes long before the end; through each trap, at it.
-    assert p["direct"]["first_event"] < p["direct"]["end"] / 4 and p["direct"]["pieces"] == QUICK_12["max_tokens"]
+    # fix for a hop that held the stream, the first event comes in the first half of the answer and the pieces are
+    # spread over it; through each trap, at the end. (The first piece is due 1/rate s in, but some twenty readers start
+    # at once on two cores: in a clean-clone CI run the direct one's came 0.17 s in, of a 0.61 s answer.)
+    assert p["direct"]["first_event"] < p["direct"]["end"] / 2 and p["direct"]["pieces"] == QUICK_12["max_tokens"]
+    assert p["direct"]["seen"].startswith("streamed")
     streaming_fixes = [r["path"] for r in rows.values() if r["role"] == "fix" and (r["path"].endswith("first reader")
                        or r["hop"] in ("buffering proxy", "gzip", "buffering runtime"))]
     assert len(streaming_fixes) == (6 if f["have_nginx"] else 3)
@@ -649,7 +652,7 @@ def test_13_more_than_one_server(tmp_path):
     # A worker killed mid-answer: another took the job over and continued it after the tokens already in the
     # stream, to the answer's end: one answer, the reader's text the stored one, no event twice.
     w = f["worker"]
-    assert w["ended_by"] not in (None, w["killed"]) and w["continued_from"] == w["killed"]
+    assert w["ended_by"] not in (None, w["killed"]) and w["continued_from"] == w["killed"], w
     assert quick["kill_after"] <= w["kept_tokens"] < quick["max_tokens"] == w["tokens"]
     assert w["stop_reason"] == "max_tokens" and w["reader_text_is_kept_text"] and w["events_twice"] == 0
     stops = {s["signal"]: s for s in f["stops"]}
@@ -675,7 +678,8 @@ def test_13_more_than_one_server(tmp_path):
     assert o["health_status"] == 503 and o["health_redis"]["ok"] is False
     assert o["post_status"] == 503 and o["post_retry_after"] and "Redis" in o["post_message"]
     assert o["alive_after"] == o["alive_before"] > 0
-    assert o["new_first_text_s"] is not None and o["new_first_text_s"] < 10
+    assert o["new_first_text_s"] is not None and o["new_first_text_s"] < 10, {k: o[k] for k in (
+        "new_refused", "new_first_text_s", "down_s", "redis_start_s", "rest_done_s", "alive_before", "alive_after")}
     assert o["rest_end"]["stop_reason"] == "max_tokens" and o["rest_end"]["continued_by"]
     # The reader's text is the stored answer unless Redis lost events it had already sent: at appendfsync everysec
     # a SIGKILL may take the file's last second (a loaded AVX2 clean-clone run lost one). The continuation makes them
