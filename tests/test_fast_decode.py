@@ -75,6 +75,36 @@ def test_a_padded_batch_steps_as_transformers_steps_it(weights):
         assert float((a.keys - b.keys).abs().max()) <= 1e-5 * float(b.keys.abs().max())
 
 
+def test_the_cache_grows_in_room_behind_it_and_reads_as_transformers_concatenation():
+    """The step writes each position into room behind the layer's tensors: copied when full, never overwritten."""
+    model = tiny_llama()
+    fast_decode.install(model)
+    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    prompt = dict(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
+    call(model, **prompt, cache=ours)
+    through_transformers(model, **prompt, cache=theirs)
+    first = ours.layers[0]
+    early_view, early = first.keys, first.keys.clone()  # what a reader of the cache took after the prompt
+    buffers, steps = set(), fast_decode.ROOM_MIN + 10  # past the first buffer's room: it is copied once
+    for token in range(steps):
+        step = dict(input_ids=torch.tensor([[4 + token % 200]]), use_cache=True)
+        a, b = call(model, **step, cache=ours).logits, through_transformers(model, **step, cache=theirs).logits
+        assert float((a - b).abs().max()) <= float32_order_bound(model, b)
+        buffers.add(first.keys.untyped_storage().data_ptr())
+    assert len(buffers) == 2  # one buffer for the first ROOM_MIN positions after the prompt, one more when it was full
+    for a, b in zip(ours.layers, theirs.layers):
+        assert a.keys.shape == b.keys.shape == (1, 2, 3 + steps, 16) and a.get_seq_length() == 3 + steps
+        assert float((a.keys - b.keys).abs().max()) <= 1e-5 * float(b.keys.abs().max())
+        assert float((a.values - b.values).abs().max()) <= 1e-5 * float(b.values.abs().max())
+    assert torch.equal(early_view, early)  # an earlier view still reads what it read
+    # Tensors put on the layer by someone else (the batched engine's rebuild) are theirs: the next step copies them.
+    replaced = first.keys.clone()
+    first.keys = replaced
+    call(model, input_ids=torch.tensor([[9]]), use_cache=True, cache=ours)
+    assert first.keys.untyped_storage().data_ptr() != replaced.untyped_storage().data_ptr()
+    assert torch.equal(first.keys[:, :, :-1], replaced) and replaced.shape[-2] == 3 + steps
+
+
 def test_what_the_step_was_not_written_for_goes_to_transformers():
     model = tiny_llama()
     fast = fast_decode.install(model)
