@@ -19,6 +19,7 @@ import pytest
 
 from streamlab.client import timed as client
 from streamlab.lab.setups import runner
+from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +35,7 @@ def test_each_listener_has_its_own_limits_store_and_log(tmp_path):
         assert len({plain.port, naive.port, named.port}) == 3
         health = {label: client.get_json_sync(s.port, "/health") for label, s in listeners.items()}
         assert (health["plain"]["naive"], health["naive"]["naive"]) == (False, True)
-        assert (health["plain"]["max_active"], health["naive"]["max_active"]) == (8, 3)
+        assert (health["plain"]["max_active"], health["naive"]["max_active"]) == (MAX_ACTIVE, 3)
         trace = client.stream_sync(naive.port, "Hello", 5)
         assert trace.status == 200 and trace.complete
         # The request went to the naive listener's log alone.

@@ -24,6 +24,7 @@ from inprocess import on_loop, serving
 from streamlab.client import timed as client
 from streamlab.client import timed_websocket
 from streamlab.net.aio import run_sync
+from streamlab.server.config import MAX_ACTIVE
 
 pytestmark = pytest.mark.timeout(120)
 model = pytest.mark.model
@@ -87,28 +88,28 @@ def at_once(port: int, readers: int, body: dict = SHORT) -> list:
 
 
 # --------------------------------------------------------------------------
-# Nobody is refused: 8 and 16 readers at once on the default config
+# Nobody is refused: a batch's worth of readers at once, and twice that, on the default config
 # --------------------------------------------------------------------------
 
 
-def test_eight_readers_at_once_all_run_at_once_on_the_default_config():
+def test_a_batch_of_readers_at_once_all_run_at_once_on_the_default_config():
     with serving(FakeLM(decode_seconds=0.004)) as server:
-        traces = at_once(server.port, 8)
-        assert [t.status for t in traces] == [200] * 8 and all(t.complete and t.tokens == 12 for t in traces)
+        traces = at_once(server.port, MAX_ACTIVE)
+        assert [t.status for t in traces] == [200] * MAX_ACTIVE and all(t.complete and t.tokens == 12 for t in traces)
         assert all(not places(t) for t in traces)
-        assert [r["queue_position"] for r in records(server)] == [None] * 8
+        assert [r["queue_position"] for r in records(server)] == [None] * MAX_ACTIVE
 
 
-def test_sixteen_readers_at_once_are_all_served_first_come_first_served():
+def test_twice_a_batch_of_readers_at_once_are_all_served_first_come_first_served():
     with serving(FakeLM(decode_seconds=0.004)) as server:
-        traces = at_once(server.port, 16)
-        assert [t.status for t in traces] == [200] * 16, "nobody is refused"
+        traces = at_once(server.port, 2 * MAX_ACTIVE)
+        assert [t.status for t in traces] == [200] * (2 * MAX_ACTIVE), "nobody is refused"
         assert all(t.complete and t.tokens == 12 and t.text for t in traces)
         log = {r["id"]: r for r in records(server)}
         by_reader = [log[t.request_id] for t in traces]
         now = [t for t, r in zip(traces, by_reader) if r["queue_position"] is None]
         waited = sorted((r["queue_position"], t, r) for t, r in zip(traces, by_reader) if r["queue_position"] is not None)
-        assert len(now) == 8 and [p for p, _, _ in waited] == list(range(8))  # the line, each place once
+        assert len(now) == MAX_ACTIVE and [p for p, _, _ in waited] == list(range(MAX_ACTIVE))  # the line, each place once
         for position, trace, record in waited:
             assert places(trace)[0] == position and places(trace) == sorted(places(trace), reverse=True)
             assert record["queued_s"] > 0
