@@ -235,6 +235,21 @@ def test_while_redis_is_down_the_replica_says_so_refuses_new_work_with_503_and_s
             replica.stop()
 
 
+def test_once_redis_answers_again_the_replica_serves_the_first_request_on_every_pooled_connection() -> None:
+    """Connections pooled before a restart were closed by it: a command on one is sent again on a new one, not a 503."""
+    with restartable_redis(appendonly=True) as redis, serving(events=redis.url) as replica:
+        known = run(timed.create_generation(replica.port, {"prompt": "hi"}))["id"]
+
+        async def at_once(n: int) -> list:  # n requests in flight together: n connections taken from the pool
+            return await asyncio.gather(*(timed.fetch(replica.port, "GET", f"/generations/{known}") for _ in range(n)))
+
+        assert [r.status for r in run(at_once(4))] == [200] * 4
+        redis.kill()
+        redis.start()  # the same port and file: the generation is still there
+        replies = [*run(at_once(4)), post(replica.port), run(timed.fetch(replica.port, "GET", "/health"))]
+    assert [r.status for r in replies] == [200] * 4 + [201, 200], [(r.status, r.body[:120]) for r in replies]
+
+
 async def _append(url: str, generation_id: str, *texts: str, end: bool = False, status: str = "running") -> None:
     """What a worker writes: its pieces, then its end (the test stands in for the worker, to time the kill)."""
     redis = open_client(url)

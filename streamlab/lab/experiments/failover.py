@@ -391,7 +391,7 @@ async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int 
         "post_status": refused.status, "post_retry_after": refused.headers.get("retry-after"),
         "post_message": refusal.get("error", {}).get("message"),
         "down_s": down_s, "redis_start_s": start_s,
-        "new_refused": new["refused"], "new_first_text_s": new["first_text_s"],
+        "new_refused": new["refused"], "new_first_text_s": new["first_text_s"], "new_instead": new.get("instead"),
         "rest_text_events": len(rest.text_events), "rest_end": end.data if end is not None else None,
         "rest_connections": len(rests),
         "rest_done_s": rest.sent + rest.end - back if rest.end is not None else None,
@@ -459,7 +459,10 @@ async def _new_work(port: int, tokens: int, since: float, timeout: float = 30.0)
         refused += 1
         await asyncio.sleep(0.05)
     if reply.status != 201:
-        return {"refused": refused, "first_text_s": None}
+        return {"refused": refused, "first_text_s": None, "instead": (reply.status, reply.body[:200].decode(errors="replace"))}
     trace = await timed.events(port, reply.json()["events"], stop_after=1, timeout=timeout)
     first = trace.text_events[0].t + trace.sent - since if trace.text_events else None
-    return {"refused": refused, "first_text_s": first}
+    # Where no text came: what the reader got instead (the status, the event that ended its stream).
+    said = None if trace.text_events else (trace.status, next((e.data for e in trace.events if e.kind in ("error", "end")),
+                                                              trace.body[:200].decode(errors="replace")))
+    return {"refused": refused, "first_text_s": first, "instead": said}
