@@ -147,25 +147,19 @@ def open_client(url: str, longest_block: float = CANCEL_WAIT) -> Any:
     Its read timeout outlasts the longest ``XREAD BLOCK`` it will send (``longest_block`` seconds, 0:
     forever) by :data:`ANSWER_MARGIN`. redis-py 8 reads with a 5 s timeout by default, so a reader's stream
     silent for 5 s (a long prompt, a queue, a worker slowed down) ended in a ``TimeoutError`` where the
-    block it asked for was the 15 s between pings.
-
-    A command that finds its pooled connection closed is sent once more on a new one, at once. A Redis
-    restarted since the connection was made closed it: without the second try, the first command on each
-    idle connection after Redis's return failed in a millisecond (``Connection closed by server``), and a
-    replica answered 503 to a reader while Redis was serving again (chapter 13's outage, 1 clean-clone run
-    in 5). Where Redis is still down, the second try is refused as fast, and the 503 stands.
+    block it asked for was the 15 s between pings. A command that finds its pooled connection closed (by a Redis restarted since) is sent once more on a
+    new one: else each idle connection's first command after the restart failed, a 503 while Redis served.
     """
     try:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
-        from redis.exceptions import ConnectionError as Closed
     except ImportError:
         raise UserError("--events redis://...: redis-py is not installed here (pip install redis)") from None
-    timeout = None if longest_block <= 0 else longest_block + ANSWER_MARGIN
+    timeout, closed = None if longest_block <= 0 else longest_block + ANSWER_MARGIN, aioredis.ConnectionError
     try:
         return aioredis.from_url(url, decode_responses=True, socket_timeout=timeout,
-                                 retry=Retry(NoBackoff(), 1, supported_errors=(Closed,)), retry_on_error=[Closed])
+                                 retry=Retry(NoBackoff(), 1, supported_errors=(closed,)), retry_on_error=[closed])
     except ValueError as err:
         raise UserError(f"--events {url}: {err} (give redis://HOST:PORT)") from None
 
