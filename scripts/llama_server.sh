@@ -9,6 +9,10 @@
 #   bash scripts/llama_server.sh          # or: make engine (which also runs scripts/engine.sh)
 #
 # The build is for this CPU (GGML_NATIVE): build it on the machine that runs it. CMAKE_ARGS are passed on.
+# A yardstick for another kind of CPU (an AVX2 machine's, on an AVX-512 one), into a folder of its own, which
+# the benchmarks then take from STREAMLAB_ENGINE_VENV:
+#   STREAMLAB_ENGINE_VENV=/tmp/engine-avx2 GGML_NATIVE=OFF CMAKE_ARGS="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+#     -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF" bash scripts/llama_server.sh
 set -euo pipefail
 
 VERSION=0.3.36

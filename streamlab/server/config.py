@@ -63,18 +63,21 @@ REQUESTS = Settings(
     # engine (the default since) makes one forward pass for all of them. The
     # value to keep is the largest batch whose readers each stay under the 0.2 s
     # reading threshold per token on the machine that serves, with room for its
-    # noise: half of the threshold kept free, on the slower of the two CPUs the
-    # course runs on. Measured with benchmarks/load.py --engines batched
-    # --concurrency 8,16,24,32 --rounds 3 --tokens 64 (2026-12-02, 2 cores,
-    # quiet, the decode step of model.fast_decode, each CPU's default format),
-    # the slowest reader's time per token (the median of 3 rounds):
+    # noise, on the slower of the two CPUs the course runs on. Measured with
+    # benchmarks/load.py --engines batched --concurrency 8,16,24,32 --rounds 3
+    # --tokens 64 (2026-12-02, 2 cores, quiet, the decode step of
+    # model.fast_decode, each CPU's default format), the slowest reader's time
+    # per token (the median of 3 rounds):
     #   native (AVX-512, int4):          34 ms at 8, 59 at 16,  74 at 24, 103 at 32
     #   AVX2 kernels (split-int4):       49 ms at 8, 92 at 16, 138 at 24, 169 at 32
-    # 16 keeps half the threshold free on AVX2 (92 ms), 24 does not. At 16 the
-    # server made 257 tokens/s natively and 167 on AVX2, against 228 and 157 at
-    # 8 (before, on 2026-12-01, the slowest reader at 16 took 169 ms and 8 was the
-    # value). So 16. Beyond it readers wait in line (max_waiting, admission)
-    # rather than slow everyone down.
+    # and, as shipped with 16, beside llama.cpp (load.py --concurrency 1,8,16
+    # --engines default,llama.cpp --rounds 5): 77 ms natively (63-99 over the
+    # rounds) and 130 ms on AVX2 kernels (98-148). 16 stays under the threshold
+    # in every round on both, a quarter of it free at the worst; 24 would not
+    # keep that on AVX2. At 16 the server made 257 tokens/s natively and 167 on
+    # AVX2, against 228 and 157 at 8 (on 2026-12-01, before the faster step,
+    # the slowest reader at 16 took 169 ms and 8 was the value). So 16. Beyond
+    # it readers wait in line (max_waiting, admission) rather than slow everyone down.
     Setting("max_active", 16, "generations", "run N generations at once; the others wait in line (or, with"
             " --admission refuse, get 503)"),
     # Ollama and vLLM queue what they cannot run yet, and so does this server: a
