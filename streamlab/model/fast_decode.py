@@ -15,8 +15,9 @@ gate and up projections as one, the rotation applied to the queries and
 keys together, attention by ``scaled_dot_product_attention`` with grouped
 heads, and each layer's new keys and values written into room kept behind
 the cache's tensors, where ``DynamicCache.update`` copies the whole cache to
-add one position (16 rows at 400 positions: a 67 ms step became 58 ms). Each operation is the one transformers runs, in its order and its
-dtypes, so the logits are the same to float32 rounding and the tokens the
+add one position (16 rows at 400 positions: a 67 ms step became 58 ms).
+Each operation is the one transformers runs, in its order and its dtypes, so
+the logits are the same to float32 rounding and the tokens the
 same (``tests/test_fast_decode.py`` holds it for every format); a step takes
 two thirds of transformers' time on the native kernels, three quarters on
 AVX2's (``benchmarks/decode_formats.py`` measures it).
@@ -213,23 +214,22 @@ def _append(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch
     """The layer's keys and values one position longer, as ``DynamicLayer.update`` makes them, without its copy.
 
     ``update`` concatenates: every step copies the whole cache of every layer, a cost that grows with the
-    rows and the positions (16 rows at 400 positions: 67 ms a step with it, 58 without). Here the layer's tensors are views of buffers with room behind them, and a
-    step writes its position into the room; the buffers are copied only when full, or when the layer's
-    tensors are no longer the views this function set (whoever replaced them owns what they are now). A
-    position once written is never written again, so a view taken of the cache earlier still reads what it
-    read.
+    rows and the positions (16 rows at 400 positions: 67 ms a step with it, 58 without). Here the layer's
+    tensors are views of buffers with room behind them, and a step writes its position into the room; the
+    buffers are copied only when full, or when the layer's tensors are no longer the views this function set
+    (whoever replaced them owns what they are now). A position once written is never written again, so a
+    view taken of the cache earlier still reads what it read.
     """
     room = layer.__dict__.get(_ROOM)
     length = layer.keys.shape[-2]
     if room is None or room[2] is not layer.keys or room[3] is not layer.values or room[0].shape[-2] == length:
         grown = length + max(ROOM_MIN, length // 2)
-        buffers = []
-        for old in (layer.keys, layer.values):
-            buffer = old.new_empty(*old.shape[:-2], grown, old.shape[-1])
-            buffer[..., :length, :] = old
-            buffers.append(buffer)
-        room = [*buffers, None, None]
-    key_buffer, value_buffer = room[0], room[1]
+        key_buffer, value_buffer = (old.new_empty(*old.shape[:-2], grown, old.shape[-1])
+                                    for old in (layer.keys, layer.values))
+        key_buffer[..., :length, :] = layer.keys
+        value_buffer[..., :length, :] = layer.values
+    else:
+        key_buffer, value_buffer = room[0], room[1]
     key_buffer[..., length, :] = keys[..., 0, :]
     value_buffer[..., length, :] = values[..., 0, :]
     layer.keys, layer.values = key_buffer[..., : length + 1, :], value_buffer[..., : length + 1, :]

@@ -391,7 +391,7 @@ async def redis_outage(c: Cluster, max_tokens: int, after: int, new_tokens: int 
         "post_status": refused.status, "post_retry_after": refused.headers.get("retry-after"),
         "post_message": refusal.get("error", {}).get("message"),
         "down_s": down_s, "redis_start_s": start_s,
-        "new_refused": new["refused"], "new_first_text_s": new["first_text_s"], "new_instead": new.get("instead"),
+        "new_refused": new["refused"], "new_first_text_s": new["first_text_s"], "new_instead": new["instead"],
         "rest_text_events": len(rest.text_events), "rest_end": end.data if end is not None else None,
         "rest_connections": len(rests),
         "rest_done_s": rest.sent + rest.end - back if rest.end is not None else None,

@@ -147,8 +147,9 @@ def open_client(url: str, longest_block: float = CANCEL_WAIT) -> Any:
     Its read timeout outlasts the longest ``XREAD BLOCK`` it will send (``longest_block`` seconds, 0:
     forever) by :data:`ANSWER_MARGIN`. redis-py 8 reads with a 5 s timeout by default, so a reader's stream
     silent for 5 s (a long prompt, a queue, a worker slowed down) ended in a ``TimeoutError`` where the
-    block it asked for was the 15 s between pings. A command that finds its pooled connection closed (by a Redis restarted since) is sent once more on a
-    new one: else each idle connection's first command after the restart failed, a 503 while Redis served.
+    block it asked for was the 15 s between pings. A command that finds its pooled connection closed (by a
+    Redis restarted since) goes once more on a new one: else each idle connection's first command after the
+    restart failed, a 503 while Redis served.
     """
     try:
         import redis.asyncio as aioredis
