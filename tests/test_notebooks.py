@@ -656,6 +656,8 @@ def test_13_more_than_one_server(tmp_path):
     w = f["worker"]
     assert w["ended_by"] not in (None, w["killed"]) and w["continued_from"] == w["killed"], w
     assert quick["kill_after"] <= w["kept_tokens"] < quick["max_tokens"] == w["tokens"]
+    # The reader read from the log: what it had at the kill was written, so kept, and the sentence gives that count.
+    assert quick["kill_after"] <= w["read_at_kill"] <= w["kept_tokens"]
     assert w["stop_reason"] == "max_tokens" and w["reader_text_is_kept_text"] and w["events_twice"] == 0
     stops = {s["signal"]: s for s in f["stops"]}
     assert stops["cancel sent to another replica"]["stop_reason"] == "stopped"

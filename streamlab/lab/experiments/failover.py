@@ -260,10 +260,12 @@ async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:
     run = EventSourceRun(created["events"])
     reading = asyncio.ensure_future(_read_into(run, c.balancer.port))
     killed_at: list[float] = []
+    read_at_kill: list[int] = []  # the reader's text events at the kill: the round trip above may bring it more
 
     async def kill(trace: Any) -> str:
         name = (await timed.get_json(c.balancer.port, f"/generations/{created['id']}"))["worker"]
         worker = next(w for w in c.workers if f"worker {name} ready" in " ".join(w.stdout_lines))
+        read_at_kill.append(sum(len(t.text_events) for t in run.traces))
         c.kill(worker)
         killed_at.append(time.perf_counter())
         return name
@@ -278,7 +280,7 @@ async def worker_killed(c: Cluster, max_tokens: int, kill_after: int) -> dict:
     ids = [e.id for t in run.traces for e in t.text_events]
     return {
         "killed": name, "ended_by": data.get("worker"), "continued_from": data.get("continued_from"),
-        "kept_tokens": data.get("kept_tokens"),
+        "kept_tokens": data.get("kept_tokens"), "read_at_kill": read_at_kill[0] if read_at_kill else None,
         "stop_reason": state["stored_reason"], "tokens": state["tokens"] if end is None else data["tokens"],
         "reader_text_is_kept_text": run.text == state["text"], "chars": len(state["text"]),
         "events_twice": len(ids) - len(set(ids)),
